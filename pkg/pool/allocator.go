@@ -1,0 +1,81 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/retry"
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// Allocator allocates and releases addresses for one host on a shared store.
+// It is safe for concurrent use; goroutines of one process that allocate in
+// the same pool are serialised in-process so they do not conflict in the
+// store. Every method honours ctx's deadline and adds its own (Timeout) if
+// ctx has none.
+type Allocator struct {
+	st      store.Store
+	host    string
+	policy  retry.Policy
+	timeout time.Duration
+	now     func() time.Time
+	locks   keyedMutex
+	stats   Stats
+}
+
+// Option configures an Allocator.
+type Option func(*Allocator)
+
+// WithRetry sets the retry policy for store conflicts.
+func WithRetry(p retry.Policy) Option { return func(a *Allocator) { a.policy = p } }
+
+// WithTimeout sets the deadline each call gets when its context has none.
+func WithTimeout(d time.Duration) Option { return func(a *Allocator) { a.timeout = d } }
+
+// WithClock sets the clock used for timestamps (tests).
+func WithClock(now func() time.Time) Option { return func(a *Allocator) { a.now = now } }
+
+// New returns an Allocator for host on st. host must be a stable name.
+func New(st store.Store, host string, opts ...Option) (*Allocator, error) {
+	if err := validName("host", host); err != nil {
+		return nil, err
+	}
+	a := &Allocator{st: st, host: host, policy: retry.Default, timeout: 30 * time.Second, now: time.Now}
+	for _, o := range opts {
+		o(a)
+	}
+	return a, nil
+}
+
+// Host returns the name of the host this allocator allocates for.
+func (a *Allocator) Host() string { return a.host }
+
+// Store returns the store the allocator works on.
+func (a *Allocator) Store() store.Store { return a.st }
+
+// Stats counts store conflicts seen by this allocator.
+func (a *Allocator) Stats() StatsSnapshot { return a.stats.snapshot() }
+
+func (a *Allocator) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	if _, ok := ctx.Deadline(); ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, a.timeout)
+}
+
+// run runs op under the bounded retry policy, retrying store conflicts and
+// mapping exhaustion to ErrTryAgain.
+func (a *Allocator) run(ctx context.Context, op func() error) error {
+	err := retry.Do(ctx, a.policy, func(err error) bool {
+		if errors.Is(err, store.ErrConflict) {
+			a.stats.conflict()
+			return true
+		}
+		return false
+	}, func(int) error { return op() })
+	if errors.Is(err, retry.ErrExhausted) {
+		return errors.Join(ErrTryAgain, err)
+	}
+	return err
+}

@@ -1,0 +1,251 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// handoff is a range a donor host gave up to this host in a claim.
+type handoff struct {
+	pool   string
+	is4    bool
+	lo, hi u128
+}
+
+// planClaim returns a ring in which this host owns more of pool. The
+// allocation that needed the space commits it together with the new
+// address, conditioned on the ring being unchanged, so claimed space cannot
+// be taken away before it is used. In order of preference:
+//  1. an unowned range, whole;
+//  2. a tombstoned range that holds no address any more, whole;
+//  3. the upper half of a free hole of the live host with the most free
+//     addresses (only free addresses change hands). The donor may still
+//     commit an allocation in that hole between this read and the ring
+//     commit; returnStrays hands such addresses back right after (the
+//     returned handoff says where to look). Uniqueness never depends on
+//     this: every address is a create-if-absent key.
+//
+// With no free address anywhere it returns a *CapacityError.
+func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring) (ring, *handoff, error) {
+	segs := segmentsOf(def)
+	is4 := def.is4()
+	a.stats.claims.Add(1)
+	for i, t := range r.tokens {
+		if t.Host == "" && len(clip(r.spanOf(i), segs)) > 0 {
+			s := r.spanOf(i)
+			return r.assign(s.lo, s.hi, a.host), nil, nil
+		}
+	}
+	for i, t := range r.tokens {
+		if !t.Tomb || len(clip(r.spanOf(i), segs)) == 0 {
+			continue
+		}
+		s := r.spanOf(i)
+		held, err := a.st.Scan(ctx, addrKey(pool, s.lo, is4), addrKey(pool, s.hi, is4)+"\x00", 1)
+		if err != nil {
+			return ring{}, nil, err
+		}
+		if len(held) == 0 {
+			return r.assign(s.lo, s.hi, a.host), nil, nil
+		}
+	}
+
+	hostKVs, err := a.st.Scan(ctx, hostPrefix(pool), store.PrefixEnd(hostPrefix(pool)), 0)
+	if err != nil {
+		return ring{}, nil, err
+	}
+	type donor struct {
+		host  string
+		state hostState
+		kv    store.KV
+		spans []span
+		free  u128
+	}
+	var donors []donor
+	var used uint64
+	states := map[string]store.KV{}
+	for _, kv := range hostKVs {
+		states[kv.Key[len(hostPrefix(pool)):]] = kv
+	}
+	// A host that owns ranges but never wrote its state is a donor too
+	// (its state key is then required to stay absent).
+	for _, t := range r.tokens {
+		if _, ok := states[t.Host]; t.Host != "" && !t.Tomb && !ok {
+			states[t.Host] = store.KV{Key: hostKey(pool, t.Host)}
+		}
+	}
+	for host, kv := range states {
+		d := donor{host: host, kv: kv}
+		if kv.Exists() {
+			if err := json.Unmarshal(kv.Value, &d.state); err != nil {
+				return ring{}, nil, fmt.Errorf("pool %s host %s: corrupt state: %w", pool, d.host, err)
+			}
+		}
+		used += d.state.Used
+		if d.host == a.host {
+			continue
+		}
+		d.spans = r.ownedBy(d.host, segs)
+		c := capacityOf(d.spans)
+		if c.cmp(u128{lo: d.state.Used}) > 0 {
+			d.free = c.sub(u128{lo: d.state.Used})
+			donors = append(donors, d)
+		}
+	}
+	slices.SortFunc(donors, func(x, y donor) int {
+		if c := y.free.cmp(x.free); c != 0 {
+			return c
+		}
+		return strings.Compare(x.host, y.host)
+	})
+	for _, d := range donors {
+		hole, ok, err := a.largestHole(ctx, pool, is4, d.spans, d.state.Cursor)
+		if err != nil {
+			return ring{}, nil, err
+		}
+		if !ok {
+			continue
+		}
+		give := hole
+		if n := hole.size(); n.cmp(u128{lo: 1}) > 0 {
+			give.lo = hole.lo.add(n.half())
+		}
+		return r.assign(give.lo, give.hi, a.host), &handoff{pool: pool, is4: is4, lo: give.lo, hi: give.hi}, nil
+	}
+	return ring{}, nil, &CapacityError{Pool: pool, Used: used, Capacity: capacityOf(segs).String()}
+}
+
+// minCursorHole is the smallest hole after a donor's cursor that a claim
+// takes half of without scanning for a larger one.
+const minCursorHole = 64
+
+// maxHoleScan bounds how many held addresses a claim reads to find a hole.
+const maxHoleScan = 1 << 20
+
+// largestHole finds free space in a donor's spans. It first looks right after
+// the donor's cursor (round robin leaves the space ahead of it free); failing
+// that it scans the donor's held addresses for the largest gap.
+func (a *Allocator) largestHole(ctx context.Context, pool string, is4 bool, spans []span, cursor netip.Addr) (span, bool, error) {
+	if cursor.IsValid() && cursor.Is4() == is4 {
+		c := toU128(cursor).inc()
+		for _, s := range spans {
+			if !s.contains(c) {
+				continue
+			}
+			held, err := a.st.Scan(ctx, addrKey(pool, c, is4), addrKey(pool, s.hi, is4)+"\x00", 1)
+			if err != nil {
+				return span{}, false, err
+			}
+			hole := span{c, s.hi}
+			if len(held) > 0 {
+				k, ok := parseAddrKey(held[0].Key)
+				if !ok || k.cmp(c) <= 0 {
+					break
+				}
+				hole.hi = k.dec()
+			}
+			// A small hole right after the cursor is where the donor
+			// allocates next: taking it would race the donor. Look for
+			// the largest hole instead.
+			if hole.size().cmp(u128{lo: minCursorHole}) >= 0 {
+				return hole, true, nil
+			}
+		}
+	}
+	var best span
+	found := false
+	consider := func(h span) {
+		if !found || h.size().cmp(best.size()) > 0 {
+			best, found = h, true
+		}
+	}
+	read := 0
+	for _, s := range spans {
+		cur, done := s.lo, false
+		for !done && read < maxHoleScan {
+			kvs, err := a.st.Scan(ctx, addrKey(pool, cur, is4), addrKey(pool, s.hi, is4)+"\x00", 1024)
+			if err != nil {
+				return span{}, false, err
+			}
+			read += len(kvs)
+			for _, kv := range kvs {
+				k, ok := parseAddrKey(kv.Key)
+				if !ok {
+					continue
+				}
+				if k.cmp(cur) > 0 {
+					consider(span{cur, k.dec()})
+				}
+				if k == s.hi {
+					done = true
+					break
+				}
+				cur = k.inc()
+			}
+			if len(kvs) < 1024 {
+				if !done {
+					consider(span{cur, s.hi})
+				}
+				done = true
+			}
+		}
+	}
+	return best, found, nil
+}
+
+// returnStrays gives back, one address at a time, every address in a
+// handoff that its donor allocated before the ring changed hands, so that
+// every held address again lies in a range of its own host.
+func (a *Allocator) returnStrays(ctx context.Context, h handoff) error {
+	return a.run(ctx, func() error {
+		held, err := a.st.Scan(ctx, addrKey(h.pool, h.lo, h.is4), addrKey(h.pool, h.hi, h.is4)+"\x00", 0)
+		if err != nil {
+			return err
+		}
+		var strays []store.KV
+		for _, kv := range held {
+			if host, _ := parseHolder(kv.Value); host != a.host {
+				strays = append(strays, kv)
+			}
+		}
+		if len(strays) == 0 {
+			return nil
+		}
+		kvs, err := a.st.Get(ctx, defKey(h.pool), ringKey(h.pool))
+		if err != nil {
+			return err
+		}
+		def, err := decodeDef(h.pool, kvs[0])
+		if err != nil {
+			return err
+		}
+		var tokens []token
+		if err := json.Unmarshal(kvs[1].Value, &tokens); err != nil {
+			return fmt.Errorf("pool %s: stored ring is corrupt: %w", h.pool, err)
+		}
+		r := ringFrom(def, tokens)
+		changed := false
+		for _, kv := range strays {
+			v, ok := parseAddrKey(kv.Key)
+			if !ok {
+				continue
+			}
+			host, _ := parseHolder(kv.Value)
+			if r.ownerOf(v).Host != host {
+				r = r.assign(v, v, host)
+				changed = true
+			}
+		}
+		if !changed {
+			return nil
+		}
+		b, _ := json.Marshal(r.tokens)
+		return a.st.Commit(ctx, []store.Cond{store.Unchanged(kvs[1])}, []store.Op{store.Put(ringKey(h.pool), b)})
+	})
+}

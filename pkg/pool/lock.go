@@ -1,0 +1,85 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// keyedMutex serialises in-process work per key with a context deadline, so
+// goroutines of one process allocating in one pool queue up instead of
+// conflicting in the store. The zero value is ready to use.
+type keyedMutex struct {
+	mu    sync.Mutex
+	slots map[string]chan struct{}
+}
+
+func (k *keyedMutex) slot(key string) chan struct{} {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.slots == nil {
+		k.slots = map[string]chan struct{}{}
+	}
+	c, ok := k.slots[key]
+	if !ok {
+		c = make(chan struct{}, 1)
+		k.slots[key] = c
+	}
+	return c
+}
+
+// lock takes every key in sorted order (no deadlock between callers) and
+// returns the function that releases them all.
+func (k *keyedMutex) lock(ctx context.Context, keys ...string) (func(), error) {
+	keys = slices.Clone(keys)
+	slices.Sort(keys)
+	keys = slices.Compact(keys)
+	var held []chan struct{}
+	unlock := func() {
+		for _, c := range held {
+			<-c
+		}
+	}
+	for _, key := range keys {
+		c := k.slot(key)
+		select {
+		case c <- struct{}{}:
+			held = append(held, c)
+		case <-ctx.Done():
+			unlock()
+			return nil, fmt.Errorf("%w: waiting for in-process lock on %s: %w", ErrTryAgain, key, ctx.Err())
+		}
+	}
+	return unlock, nil
+}
+
+// Stats counts what an Allocator did against the store.
+type Stats struct {
+	conflicts   atomic.Int64
+	commits     atomic.Int64
+	claims      atomic.Int64
+	strayErrors atomic.Int64
+}
+
+// StatsSnapshot is a copy of Stats.
+type StatsSnapshot struct {
+	Conflicts int64 // commits refused because state changed since it was read
+	Commits   int64 // commits that succeeded
+	Claims    int64 // ring changes this allocator made to get space
+}
+
+func (s *Stats) conflict() { s.conflicts.Add(1) }
+
+func (s *Stats) snapshot() StatsSnapshot {
+	return StatsSnapshot{Conflicts: s.conflicts.Load(), Commits: s.commits.Load(), Claims: s.claims.Load()}
+}
+
+func joinErrs(errs []error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return errors.Join(errs...)
+}

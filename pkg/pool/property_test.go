@@ -1,0 +1,251 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/memory"
+)
+
+// propertyConfig sizes a random concurrent run.
+type propertyConfig struct {
+	hosts, workers, steps int
+	seed                  uint64
+}
+
+// liveSet mirrors which owner holds which address, as seen by the workers.
+// An address is removed before its release is sent, so the set is always a
+// subset of what the store holds and a double hand-out is always caught.
+type liveSet struct {
+	mu   sync.Mutex
+	held map[netip.Addr]string
+}
+
+func (l *liveSet) add(addr netip.Addr, owner string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if prev, ok := l.held[addr]; ok && prev != owner {
+		return fmt.Errorf("%s handed to %s while %s holds it", addr, owner, prev)
+	}
+	l.held[addr] = owner
+	return nil
+}
+
+func (l *liveSet) drop(addr netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.held, addr)
+}
+
+// runProperty drives random allocate / release / static-request sequences
+// from cfg.hosts simulated hosts with cfg.workers goroutines each, then
+// checks the pool's invariants. It returns the allocators for more checks.
+func runProperty(t *testing.T, st store.Store, def Def, cfg propertyConfig) []*Allocator {
+	t.Helper()
+	t.Logf("seed %d: %d hosts x %d workers x %d steps on %s", cfg.seed, cfg.hosts, cfg.workers, cfg.steps, def.Ranges[0].Subnet)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var hosts []*Allocator
+	for h := range cfg.hosts {
+		a, err := New(st, fmt.Sprintf("host-%d", h))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Define(ctx, def); err != nil {
+			t.Fatal(err)
+		}
+		hosts = append(hosts, a)
+	}
+	norm, _ := def.Normalize()
+	segs := segmentsOf(norm)
+	live := &liveSet{held: map[netip.Addr]string{}}
+	errs := make(chan error, cfg.hosts*cfg.workers)
+	var wg sync.WaitGroup
+	for h, a := range hosts {
+		for w := range cfg.workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(cfg.seed, uint64(h*1000+w)))
+				var mine []Owner
+				for step := range cfg.steps {
+					if err := propertyStep(ctx, a, rng, live, segs, norm, &mine, fmt.Sprintf("h%dw%ds%d", h, w, step)); err != nil {
+						errs <- fmt.Errorf("host %s worker %d step %d: %w", a.Host(), w, step, err)
+						return
+					}
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	bad, err := hosts[0].Check(ctx, def.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range bad {
+		t.Errorf("invariant: %s", b)
+	}
+	r, err := hosts[0].RingOf(ctx, def.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkCoverage(r, segs, norm.is4()); err != nil {
+		t.Error(err)
+	}
+	return hosts
+}
+
+func propertyStep(ctx context.Context, a *Allocator, rng *rand.Rand, live *liveSet, segs []span, def Def, mine *[]Owner, id string) error {
+	switch op := rng.IntN(10); {
+	case op < 5 || len(*mine) == 0: // dynamic allocation
+		o := Owner{Network: "prop", ContainerID: id, IfName: "eth0"}
+		al, err := a.Allocate(ctx, Request{Owner: o, Wants: []Want{{Pool: def.Name, Role: RoleIP}}})
+		if errors.Is(err, ErrNoCapacity) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		*mine = append(*mine, o)
+		return live.add(al.Addrs[0].Addr, o.String())
+	case op < 7: // static request for a random address of the pool
+		s := segs[rng.IntN(len(segs))]
+		off := s.size()
+		if off.hi != 0 || off.lo > 1<<20 {
+			off = u128{lo: 1 << 20}
+		}
+		addr := s.lo.add(u128{lo: rng.Uint64N(off.lo)}).addr(def.is4())
+		o := Owner{Network: "prop", ContainerID: id, IfName: "eth0"}
+		al, err := a.Allocate(ctx, Request{Owner: o, Wants: []Want{{Pool: def.Name, Role: RoleIP, Addr: addr}}})
+		var inUse *InUseError
+		if errors.As(err, &inUse) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if al.Addrs[0].Addr != addr {
+			return fmt.Errorf("asked for %s, got %s", addr, al.Addrs[0].Addr)
+		}
+		*mine = append(*mine, o)
+		return live.add(addr, o.String())
+	default: // release one of mine
+		i := rng.IntN(len(*mine))
+		o := (*mine)[i]
+		*mine = append((*mine)[:i], (*mine)[i+1:]...)
+		cur, ok, err := a.Lookup(ctx, o)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("owner %s lost its allocation", o)
+		}
+		live.drop(cur.Addrs[0].Addr)
+		_, ok, err = a.Release(ctx, o)
+		if err == nil && !ok {
+			return fmt.Errorf("release of %s found nothing", o)
+		}
+		return err
+	}
+}
+
+// checkCoverage verifies the ranges as exported: contiguous, from the first
+// to the last allocatable address, no overlap, no gap.
+func checkCoverage(r Ring, segs []span, is4 bool) error {
+	if len(r.Ranges) == 0 {
+		return fmt.Errorf("ring has no ranges")
+	}
+	if r.Ranges[0].Start != segs[0].lo.addr(is4) {
+		return fmt.Errorf("first range starts at %s, pool at %s", r.Ranges[0].Start, segs[0].lo.addr(is4))
+	}
+	if last := r.Ranges[len(r.Ranges)-1].End; last != segs[len(segs)-1].hi.addr(is4) {
+		return fmt.Errorf("last range ends at %s, pool at %s", last, segs[len(segs)-1].hi.addr(is4))
+	}
+	for i := 1; i < len(r.Ranges); i++ {
+		if r.Ranges[i-1].End.Next() != r.Ranges[i].Start {
+			return fmt.Errorf("gap or overlap between %+v and %+v", r.Ranges[i-1], r.Ranges[i])
+		}
+	}
+	return nil
+}
+
+func TestPropertyMemory(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	for _, tc := range []struct {
+		name string
+		def  Def
+	}{
+		{"small-v4", v4Def("small", "198.18.0.0/26")},
+		{"v4", v4Def("v4", "198.18.0.0/22")},
+		{"v6", Def{Name: "v6", Ranges: []Range{{Subnet: mustPrefix("2001:db8::/120")}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runProperty(t, memory.New(), tc.def, propertyConfig{hosts: 4, workers: 8, steps: 60, seed: seed})
+		})
+	}
+}
+
+// TestCheckCatchesBrokenState proves the invariant checker can fail: each
+// case corrupts a consistent state in one way the property test guards.
+func TestCheckCatchesBrokenState(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name    string
+		corrupt func(st *memory.Store, a *Allocator)
+	}{
+		{"address held by two owners", func(st *memory.Store, a *Allocator) {
+			kv, _ := st.Get(ctx, ownerKey(own("c1")))
+			var rec Allocation
+			_ = json.Unmarshal(kv[0].Value, &rec)
+			rec.Owner = own("intruder")
+			b, _ := json.Marshal(rec)
+			_ = st.Commit(ctx, nil, []store.Op{store.Put(ownerKey(own("intruder")), b)})
+		}},
+		{"allocation outside its host's ranges", func(st *memory.Store, a *Allocator) {
+			b, _ := json.Marshal([]token{{Start: mustAddr("198.18.0.1"), Host: "someone-else"}})
+			_ = st.Commit(ctx, nil, []store.Op{store.Put(ringKey("p"), b)})
+		}},
+		{"overlapping ranges", func(st *memory.Store, a *Allocator) {
+			b, _ := json.Marshal([]token{{Start: mustAddr("198.18.0.1"), Host: "h1"}, {Start: mustAddr("198.18.0.1"), Host: "h2"}})
+			_ = st.Commit(ctx, nil, []store.Op{store.Put(ringKey("p"), b)})
+		}},
+		{"used count drift", func(st *memory.Store, a *Allocator) {
+			_ = st.Commit(ctx, nil, []store.Op{store.Delete(addrKey("p", toU128(mustAddr("198.18.0.1")), true))})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := memory.New()
+			a, _ := New(st, "h1")
+			if err := a.Define(ctx, v4Def("p", "198.18.0.0/24")); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := a.Allocate(ctx, Request{Owner: own("c1"), Wants: ipWant("p")}); err != nil {
+				t.Fatal(err)
+			}
+			if bad, err := a.Check(ctx, "p"); err != nil || len(bad) != 0 {
+				t.Fatalf("consistent state reported %v %v", bad, err)
+			}
+			tc.corrupt(st, a)
+			bad, err := a.Check(ctx, "p")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(bad) == 0 {
+				t.Fatal("checker found nothing wrong")
+			}
+			t.Logf("checker said: %v", bad)
+		})
+	}
+}

@@ -1,0 +1,164 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// Lookup returns what owner holds, and false when it holds nothing.
+func (a *Allocator) Lookup(ctx context.Context, owner Owner) (Allocation, bool, error) {
+	if err := owner.Validate(); err != nil {
+		return Allocation{}, false, err
+	}
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	return a.lookup(ctx, owner)
+}
+
+func (a *Allocator) lookup(ctx context.Context, owner Owner) (Allocation, bool, error) {
+	kvs, err := a.st.Get(ctx, ownerKey(owner))
+	if err != nil {
+		return Allocation{}, false, err
+	}
+	if !kvs[0].Exists() {
+		return Allocation{}, false, nil
+	}
+	var rec Allocation
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return Allocation{}, false, fmt.Errorf("owner %s: stored allocation is corrupt: %w", owner, err)
+	}
+	return rec, true, nil
+}
+
+// Filter selects allocations in List; empty fields match anything.
+type Filter struct {
+	Host    string
+	Network string
+	Pool    string
+}
+
+// List returns the allocations that match f, ordered by owner key.
+func (a *Allocator) List(ctx context.Context, f Filter) ([]Allocation, error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	prefix := ownerPrefix(f.Network)
+	kvs, err := a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
+	if err != nil {
+		return nil, err
+	}
+	var out []Allocation
+	for _, kv := range kvs {
+		var rec Allocation
+		if err := json.Unmarshal(kv.Value, &rec); err != nil {
+			return nil, fmt.Errorf("%s: stored allocation is corrupt: %w", kv.Key, err)
+		}
+		if f.Host != "" && rec.Host != f.Host {
+			continue
+		}
+		if f.Pool != "" && !holdsPool(rec, f.Pool) {
+			continue
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+func holdsPool(a Allocation, pool string) bool {
+	for _, x := range a.Addrs {
+		if x.Pool == pool {
+			return true
+		}
+	}
+	return false
+}
+
+// GC releases this host's allocations on network whose owner is not in
+// valid, and returns them. Other hosts' allocations are never touched. It
+// goes through every stale owner even when one fails, and returns the
+// joined errors.
+func (a *Allocator) GC(ctx context.Context, network string, valid []Owner) ([]Allocation, error) {
+	if network == "" || strings.Contains(network, "/") {
+		return nil, fmt.Errorf("%w: GC needs a network name", ErrInvalid)
+	}
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	keep := map[string]bool{}
+	for _, o := range valid {
+		keep[o.String()] = true
+	}
+	held, err := a.List(ctx, Filter{Host: a.host, Network: network})
+	if err != nil {
+		return nil, err
+	}
+	var released []Allocation
+	var errs []error
+	for _, rec := range held {
+		if keep[rec.Owner.String()] {
+			continue
+		}
+		r, ok, err := a.Release(ctx, rec.Owner)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("release %s: %w", rec.Owner, err))
+			continue
+		}
+		if ok {
+			released = append(released, r)
+		}
+	}
+	return released, joinErrs(errs)
+}
+
+// Usage reports how full pool is.
+func (a *Allocator) Usage(ctx context.Context, pool string) (Usage, error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	def, err := a.Definition(ctx, pool)
+	if err != nil {
+		return Usage{}, err
+	}
+	kvs, err := a.st.Scan(ctx, hostPrefix(pool), store.PrefixEnd(hostPrefix(pool)), 0)
+	if err != nil {
+		return Usage{}, err
+	}
+	u := Usage{Pool: pool}
+	for _, kv := range kvs {
+		var hs hostState
+		if err := json.Unmarshal(kv.Value, &hs); err != nil {
+			return Usage{}, fmt.Errorf("%s: corrupt host state: %w", kv.Key, err)
+		}
+		u.Used += hs.Used
+	}
+	c := capacityOf(segmentsOf(def))
+	u.Capacity = c.String()
+	u.Free = c.cmp(u128{lo: u.Used}) > 0
+	return u, nil
+}
+
+// RingOf returns pool's ring as stored (all unowned before first use).
+func (a *Allocator) RingOf(ctx context.Context, pool string) (Ring, error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	kvs, err := a.st.Get(ctx, defKey(pool), ringKey(pool))
+	if err != nil {
+		return Ring{}, err
+	}
+	def, err := decodeDef(pool, kvs[0])
+	if err != nil {
+		return Ring{}, err
+	}
+	var tokens []token
+	if kvs[1].Exists() {
+		if err := json.Unmarshal(kvs[1].Value, &tokens); err != nil {
+			return Ring{}, fmt.Errorf("pool %s: stored ring is corrupt: %w", pool, err)
+		}
+	}
+	r := ringFrom(def, tokens)
+	if err := r.check(); err != nil {
+		return Ring{}, fmt.Errorf("pool %s: %w", pool, err)
+	}
+	return r.view(pool), nil
+}

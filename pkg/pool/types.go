@@ -1,0 +1,117 @@
+package pool
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+)
+
+// Range is one subnet of a pool with its optional allocatable sub-range and
+// gateway. Start and End default to the first and last usable address of the
+// subnet (the network address, and for IPv4 the broadcast address, are never
+// handed out). A valid Gateway inside [Start, End] is never handed out either.
+type Range struct {
+	Subnet  netip.Prefix `json:"subnet"`
+	Start   netip.Addr   `json:"rangeStart,omitzero"`
+	End     netip.Addr   `json:"rangeEnd,omitzero"`
+	Gateway netip.Addr   `json:"gateway,omitzero"`
+}
+
+// Def defines a pool: one or more ranges of one address family, plus
+// addresses or CIDRs that are never handed out. Every host that uses a pool
+// must be given the same Def; the first user records it in the store.
+type Def struct {
+	Name    string         `json:"name"`
+	Ranges  []Range        `json:"ranges"`
+	Exclude []netip.Prefix `json:"exclude,omitempty"`
+}
+
+// Owner identifies who holds an allocation. For CNI it is (network,
+// container ID, interface name), the uniqueness key of the CNI spec; the
+// Docker driver uses (network, endpoint MAC, "").
+type Owner struct {
+	Network     string `json:"network"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifName,omitempty"`
+}
+
+// String renders the owner as network/containerID/ifName.
+func (o Owner) String() string {
+	return o.Network + "/" + o.ContainerID + "/" + o.IfName
+}
+
+// Validate rejects owners whose parts would break the store's key layout.
+func (o Owner) Validate() error {
+	for _, part := range []struct{ name, v string }{{"network", o.Network}, {"container ID", o.ContainerID}} {
+		if part.v == "" {
+			return fmt.Errorf("%w: owner %s is empty", ErrInvalid, part.name)
+		}
+	}
+	for _, v := range []string{o.Network, o.ContainerID, o.IfName} {
+		if strings.ContainsAny(v, "/\x00") || len(v) > 253 {
+			return fmt.Errorf("%w: owner part %q may not contain '/' or NUL, nor exceed 253 bytes", ErrInvalid, v)
+		}
+	}
+	return nil
+}
+
+// Role names what an allocated address is for. An owner holds at most one
+// address per (pool, role).
+type Role string
+
+const (
+	RoleIP      Role = "ip" // the container's own address
+	RoleGateway Role = "gw" // a per-container gateway (pkg/containernet)
+)
+
+// Want asks for one address from one pool. A valid Addr makes it a static
+// request for exactly that address.
+type Want struct {
+	Pool string     `json:"pool"`
+	Role Role       `json:"role"`
+	Addr netip.Addr `json:"addr,omitzero"`
+}
+
+// Request is everything one owner asks for in one transaction (for example
+// an IPv4 and an IPv6 address, or an address and its own gateway).
+type Request struct {
+	Owner Owner
+	// Reservation is an optional stable name (a pod's namespace/name, a
+	// Docker container name) under which the owner's addresses are
+	// remembered, so that a recreated owner with the same name gets them back.
+	Reservation string
+	Wants       []Want
+}
+
+// Assigned is one address an owner holds.
+type Assigned struct {
+	Pool string     `json:"pool"`
+	Role Role       `json:"role"`
+	Addr netip.Addr `json:"addr"`
+}
+
+// Allocation is what an owner holds, and on which host it was allocated.
+type Allocation struct {
+	Owner       Owner      `json:"owner"`
+	Host        string     `json:"host"`
+	Reservation string     `json:"reservation,omitempty"`
+	Addrs       []Assigned `json:"addrs"`
+}
+
+// Addr returns the address held for (pool, role), if any.
+func (a Allocation) Addr(pool string, role Role) (netip.Addr, bool) {
+	for _, x := range a.Addrs {
+		if x.Pool == pool && x.Role == role {
+			return x.Addr, true
+		}
+	}
+	return netip.Addr{}, false
+}
+
+// Usage is how full a pool is.
+type Usage struct {
+	Pool     string
+	Used     uint64
+	Capacity string // decimal, may exceed uint64
+	Free     bool   // at least one address left somewhere in the pool
+}

@@ -1,0 +1,117 @@
+// Package memory is an in-process store.Store kept in a map. It honours the
+// whole store contract (revisions, atomic conditional commits, ordered scans)
+// and is meant for unit tests and model checks; it persists nothing.
+// It is safe for concurrent use. The zero value is not usable: call New.
+package memory
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+type entry struct {
+	value []byte
+	rev   int64
+}
+
+// Store is an in-memory store.Store.
+type Store struct {
+	mu      sync.RWMutex
+	data    map[string]entry
+	keys    []string // sorted keys of data
+	rev     int64
+	commits int64
+}
+
+// New returns an empty store.
+func New() *Store { return &Store{data: map[string]entry{}} }
+
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]store.KV, len(keys))
+	for i, k := range keys {
+		e := s.data[k]
+		out[i] = store.KV{Key: k, Value: clone(e.value), Revision: e.rev}
+	}
+	return out, nil
+}
+
+// Scan implements store.Store.
+func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	lo := sort.SearchStrings(s.keys, from)
+	hi := sort.SearchStrings(s.keys, to)
+	if hi < lo {
+		hi = lo
+	}
+	keys := s.keys[lo:hi]
+	if limit > 0 && len(keys) > limit {
+		keys = keys[:limit]
+	}
+	out := make([]store.KV, len(keys))
+	for i, k := range keys {
+		e := s.data[k]
+		out[i] = store.KV{Key: k, Value: clone(e.value), Revision: e.rev}
+	}
+	return out, nil
+}
+
+// Commit implements store.Store.
+func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := store.CheckCommit(conds, ops); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range conds {
+		if s.data[c.Key].rev != c.Revision {
+			return fmt.Errorf("%w: key %q", store.ErrConflict, c.Key)
+		}
+	}
+	s.rev++
+	s.commits++
+	for _, o := range ops {
+		i := sort.SearchStrings(s.keys, o.Key)
+		present := i < len(s.keys) && s.keys[i] == o.Key
+		if o.Delete {
+			if present {
+				delete(s.data, o.Key)
+				s.keys = append(s.keys[:i], s.keys[i+1:]...)
+			}
+			continue
+		}
+		if !present {
+			s.keys = append(s.keys, "")
+			copy(s.keys[i+1:], s.keys[i:])
+			s.keys[i] = o.Key
+		}
+		s.data[o.Key] = entry{value: clone(o.Value), rev: s.rev}
+	}
+	return nil
+}
+
+// Close implements store.Store.
+func (s *Store) Close() error { return nil }
+
+func clone(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append([]byte(nil), b...)
+}

@@ -1,0 +1,121 @@
+// Package store defines the one transactional contract that every ringipam
+// state backend implements, and nothing else.
+//
+// The contract is deliberately small: read one or more keys at one consistent
+// revision, scan an ordered key range, and commit a set of writes only if the
+// keys the caller read are unchanged (optimistic concurrency). Higher layers
+// (pkg/pool) build every allocation as one such commit.
+//
+// Revisions: every key carries the revision of the commit that last wrote it.
+// A revision of 0 means "absent". Revisions only grow. A Cond with Revision 0
+// therefore means "this key must not exist".
+//
+// Errors: Commit returns an error wrapping ErrConflict when a condition failed
+// and nothing was written. Any error wrapping ErrUnavailable means the backend
+// could not be reached (server down, file lock not obtained in time); callers
+// must treat it as "try again later", never as "absent". Implementations are
+// safe for concurrent use by several goroutines and, where the backend allows
+// it, by several processes.
+//
+// Keys are plain strings; each backend adds its own configured prefix, so
+// callers never see it.
+package store
+
+import (
+	"context"
+	"errors"
+)
+
+// ErrConflict is returned (wrapped) by Commit when a condition did not hold.
+var ErrConflict = errors.New("store: conflict: state changed since it was read")
+
+// ErrUnavailable is returned (wrapped) when the backend cannot be reached in time.
+var ErrUnavailable = errors.New("store: unavailable")
+
+// ErrTooLarge is returned (wrapped) when a commit holds more operations than a
+// backend accepts in one transaction.
+var ErrTooLarge = errors.New("store: transaction too large")
+
+// MaxOps is the largest number of conditions plus operations one Commit may
+// carry. It stays far below etcd's default limit of 128.
+const MaxOps = 96
+
+// KV is one key as read. Revision 0 means the key is absent (Value is nil).
+type KV struct {
+	Key      string
+	Value    []byte
+	Revision int64
+}
+
+// Exists reports whether the key was present when read.
+func (kv KV) Exists() bool { return kv.Revision != 0 }
+
+// Cond requires that Key's revision is exactly Revision at commit time
+// (0: the key must be absent).
+type Cond struct {
+	Key      string
+	Revision int64
+}
+
+// Op is one write of a commit: a put of Value, or a delete.
+type Op struct {
+	Key    string
+	Value  []byte
+	Delete bool
+}
+
+// Put returns an Op that writes value at key.
+func Put(key string, value []byte) Op { return Op{Key: key, Value: value} }
+
+// Delete returns an Op that removes key (a no-op if it is absent).
+func Delete(key string) Op { return Op{Key: key, Delete: true} }
+
+// Unchanged returns the Cond that holds while kv is as it was read.
+func Unchanged(kv KV) Cond { return Cond{Key: kv.Key, Revision: kv.Revision} }
+
+// Store is the transactional key-value contract shared by all backends.
+type Store interface {
+	// Get reads keys at one consistent revision and returns them in the
+	// order asked; absent keys come back with Revision 0.
+	Get(ctx context.Context, keys ...string) ([]KV, error)
+	// Scan returns the keys k with from <= k < to in byte order, at most
+	// limit of them (limit <= 0: all).
+	Scan(ctx context.Context, from, to string, limit int) ([]KV, error)
+	// Commit applies ops atomically if every cond holds, else writes nothing
+	// and returns an error wrapping ErrConflict.
+	Commit(ctx context.Context, conds []Cond, ops []Op) error
+	// Close releases the backend's resources.
+	Close() error
+}
+
+// PrefixEnd returns the smallest key greater than every key starting with
+// prefix, for use as Scan's upper bound.
+func PrefixEnd(prefix string) string {
+	b := []byte(prefix)
+	for i := len(b) - 1; i >= 0; i-- {
+		if b[i] < 0xff {
+			b[i]++
+			return string(b[:i+1])
+		}
+	}
+	return "\xff\xff\xff\xff"
+}
+
+// CheckCommit validates the shape of a commit before a backend runs it: no
+// empty keys and no more than MaxOps entries.
+func CheckCommit(conds []Cond, ops []Op) error {
+	if len(conds)+len(ops) > MaxOps {
+		return errors.Join(ErrTooLarge, errors.New("store: more than MaxOps conditions and operations"))
+	}
+	for _, c := range conds {
+		if c.Key == "" {
+			return errors.New("store: condition on an empty key")
+		}
+	}
+	for _, o := range ops {
+		if o.Key == "" {
+			return errors.New("store: write to an empty key")
+		}
+	}
+	return nil
+}
