@@ -56,7 +56,7 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 	for _, w := range req.Wants {
 		pools = append(pools, w.Pool)
 	}
-	unlock, err := a.locks.lock(ctx, pools...)
+	unlock, err := a.lockPools(ctx, pools)
 	if err != nil {
 		return Allocation{}, err
 	}

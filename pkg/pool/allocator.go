@@ -3,6 +3,8 @@ package pool
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/retry"
@@ -21,8 +23,20 @@ type Allocator struct {
 	timeout time.Duration
 	now     func() time.Time
 	locks   keyedMutex
+	hostLk  HostLocker
 	stats   Stats
 }
+
+// HostLocker serialises the allocators of one host across processes (see
+// pkg/hostlock). Lock waits until ctx ends and returns the release function.
+type HostLocker interface {
+	Lock(ctx context.Context, name string) (func(), error)
+}
+
+// WithHostLock makes every change to a pool on this host hold l's lock for
+// that pool, so that concurrent processes on one host queue instead of
+// conflicting in the store.
+func WithHostLock(l HostLocker) Option { return func(a *Allocator) { a.hostLk = l } }
 
 // Option configures an Allocator.
 type Option func(*Allocator)
@@ -78,4 +92,31 @@ func (a *Allocator) run(ctx context.Context, op func() error) error {
 		return errors.Join(ErrTryAgain, err)
 	}
 	return err
+}
+
+// lockPools serialises this host's work on pools: in-process first, then
+// across processes when a HostLocker is set. Names are taken in sorted order.
+func (a *Allocator) lockPools(ctx context.Context, pools []string) (func(), error) {
+	unlock, err := a.locks.lock(ctx, pools...)
+	if err != nil || a.hostLk == nil {
+		return unlock, err
+	}
+	names := slices.Clone(pools)
+	slices.Sort(names)
+	names = slices.Compact(names)
+	releases := []func(){unlock}
+	undo := func() {
+		for i := len(releases) - 1; i >= 0; i-- {
+			releases[i]()
+		}
+	}
+	for _, n := range names {
+		release, err := a.hostLk.Lock(ctx, n)
+		if err != nil {
+			undo()
+			return nil, fmt.Errorf("%w: host lock for pool %s: %w", ErrTryAgain, n, err)
+		}
+		releases = append(releases, release)
+	}
+	return undo, nil
 }

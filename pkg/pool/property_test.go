@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
 )
@@ -47,30 +48,37 @@ func (l *liveSet) drop(addr netip.Addr) {
 
 // runProperty drives random allocate / release / static-request sequences
 // from cfg.hosts simulated hosts with cfg.workers goroutines each, then
-// checks the pool's invariants. It returns the allocators for more checks.
-func runProperty(t *testing.T, st store.Store, def Def, cfg propertyConfig) []*Allocator {
+// checks the pool's invariants.
+func runProperty(t *testing.T, st store.Store, def Def, cfg propertyConfig) {
 	t.Helper()
 	t.Logf("seed %d: %d hosts x %d workers x %d steps on %s", cfg.seed, cfg.hosts, cfg.workers, cfg.steps, def.Ranges[0].Subnet)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	var hosts []*Allocator
+	// Every worker has its own Allocator, as separate CNI processes on one
+	// host would: they coordinate only through the store.
+	var hosts [][]*Allocator
 	for h := range cfg.hosts {
-		a, err := New(st, fmt.Sprintf("host-%d", h))
-		if err != nil {
-			t.Fatal(err)
+		var workers []*Allocator
+		lockDir := hostlock.Dir(t.TempDir())
+		for range cfg.workers {
+			a, err := New(st, fmt.Sprintf("host-%d", h), WithHostLock(lockDir))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Define(ctx, def); err != nil {
+				t.Fatal(err)
+			}
+			workers = append(workers, a)
 		}
-		if err := a.Define(ctx, def); err != nil {
-			t.Fatal(err)
-		}
-		hosts = append(hosts, a)
+		hosts = append(hosts, workers)
 	}
 	norm, _ := def.Normalize()
 	segs := segmentsOf(norm)
 	live := &liveSet{held: map[netip.Addr]string{}}
 	errs := make(chan error, cfg.hosts*cfg.workers)
 	var wg sync.WaitGroup
-	for h, a := range hosts {
-		for w := range cfg.workers {
+	for h, workers := range hosts {
+		for w, a := range workers {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -90,21 +98,27 @@ func runProperty(t *testing.T, st store.Store, def Def, cfg propertyConfig) []*A
 	for err := range errs {
 		t.Error(err)
 	}
-	bad, err := hosts[0].Check(ctx, def.Name)
+	var conflicts int64
+	for _, workers := range hosts {
+		for _, a := range workers {
+			conflicts += a.Stats().Conflicts
+		}
+	}
+	t.Logf("store conflicts retried: %d", conflicts)
+	bad, err := hosts[0][0].Check(ctx, def.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, b := range bad {
 		t.Errorf("invariant: %s", b)
 	}
-	r, err := hosts[0].RingOf(ctx, def.Name)
+	r, err := hosts[0][0].RingOf(ctx, def.Name)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := checkCoverage(r, segs, norm.is4()); err != nil {
 		t.Error(err)
 	}
-	return hosts
 }
 
 func propertyStep(ctx context.Context, a *Allocator, rng *rand.Rand, live *liveSet, segs []span, def Def, mine *[]Owner, id string) error {

@@ -25,7 +25,7 @@ func (a *Allocator) Release(ctx context.Context, owner Owner) (Allocation, bool,
 	for _, x := range cur.Addrs {
 		pools = append(pools, x.Pool)
 	}
-	unlock, err := a.locks.lock(ctx, pools...)
+	unlock, err := a.lockPools(ctx, pools)
 	if err != nil {
 		return Allocation{}, false, err
 	}
