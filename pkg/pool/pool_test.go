@@ -260,3 +260,19 @@ func TestGCReleasesOnlyThisHostsStaleOwners(t *testing.T) {
 		t.Fatalf("left %+v, want keep and other-host", left)
 	}
 }
+
+func TestHolderOf(t *testing.T) {
+	ctx := context.Background()
+	a := newHosts(t, v4Def("p", "198.18.0.0/24"), "h1")[0]
+	al, err := a.Allocate(ctx, Request{Owner: own("c1"), Wants: ipWant("p")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok, err := a.HolderOf(ctx, "p", al.Addrs[0].Addr)
+	if err != nil || !ok || got.Owner != own("c1") || got.Host != "h1" {
+		t.Fatalf("HolderOf = %+v %v %v", got, ok, err)
+	}
+	if _, ok, err := a.HolderOf(ctx, "p", mustAddr("198.18.0.200")); err != nil || ok {
+		t.Fatalf("free address: %v %v", ok, err)
+	}
+}

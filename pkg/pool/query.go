@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"strings"
 
 	"github.com/ringipam/ringipam/pkg/store"
@@ -161,4 +162,36 @@ func (a *Allocator) RingOf(ctx context.Context, pool string) (Ring, error) {
 		return Ring{}, fmt.Errorf("pool %s: %w", pool, err)
 	}
 	return r.view(pool), nil
+}
+
+// HolderOf returns the allocation that holds addr in pool, and false when
+// the address is free. It costs two reads whatever the pool's size.
+func (a *Allocator) HolderOf(ctx context.Context, pool string, addr netip.Addr) (Allocation, bool, error) {
+	if err := validName("pool name", pool); err != nil {
+		return Allocation{}, false, err
+	}
+	if !addr.IsValid() {
+		return Allocation{}, false, fmt.Errorf("%w: no address given", ErrInvalid)
+	}
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	kvs, err := a.st.Get(ctx, addrKey(pool, toU128(addr), addr.Is4()))
+	if err != nil || !kvs[0].Exists() {
+		return Allocation{}, false, err
+	}
+	_, holder := parseHolder(kvs[0].Value)
+	owner, ok := parseOwner(holder)
+	if !ok {
+		return Allocation{}, false, fmt.Errorf("%s: unparsable holder %q", kvs[0].Key, holder)
+	}
+	return a.lookup(ctx, owner)
+}
+
+// parseOwner is the inverse of Owner.String.
+func parseOwner(s string) (Owner, bool) {
+	parts := strings.Split(s, "/")
+	if len(parts) != 3 {
+		return Owner{}, false
+	}
+	return Owner{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}, true
 }
