@@ -1,0 +1,50 @@
+// Package driver is the core of ringipam-docker, the Docker libnetwork remote
+// IPAM driver, and its HTTP edge.
+//
+// # Contract
+//
+// Driver turns the six IPAM calls of the remote protocol into pkg/pool calls
+// on a shared store; it keeps no state of its own in memory except an
+// in-process lock, so a driver restart or a dockerd restart loses nothing and
+// duplicates nothing. Every call runs under a deadline (Options.Timeout, or
+// the caller's earlier one), and so does every store call under it.
+//
+//   - RequestPool with a subnet (--subnet, optional --ip-range, optional
+//     --ipam-opt pool=NAME) names a cluster-wide pool: the same subnet (or
+//     the same NAME) on several hosts is one pool. The returned PoolID
+//     encodes pool name, subnet, allocatable range and, for pools picked
+//     from the default pools, a lease token; dockerd keeps it and passes it
+//     back, so later calls need no lookup. If the pool is already recorded
+//     (by another host, or by the CNI plugin) it must have exactly one range
+//     with the same subnet, and the same range if --ip-range was given;
+//     otherwise the call fails with an error wrapping
+//     pool.ErrDefinitionMismatch.
+//   - RequestPool without a subnet leases a subnet of this host's default
+//     pools that this host holds no lease on, so repeated calls return
+//     different subnets while the earlier ones are held. The lease lives in
+//     the store under "docker/lease/<host>/" and is dropped by the matching
+//     ReleasePool (the token is in the PoolID); dockerd's replay at start-up
+//     asks with an explicit subnet and so takes no second lease.
+//   - The gateway request (RequestAddressType=com.docker.network.gateway)
+//     records the pool definition on first use, with --gateway or else the
+//     subnet's first usable address as the range's gateway, and returns the
+//     recorded gateway on every host. pkg/pool never hands a gateway out.
+//     Asking for a different gateway than the recorded one is an error.
+//   - Container addresses are owned by pool.Owner{Network: <pool>,
+//     ContainerID: <endpoint MAC>, IfName: <host>}: dockerd sends the MAC
+//     (RequiresMACAddress) and replays its endpoints after a restart
+//     (RequiresRequestReplay), and a replay by the same owner returns what
+//     it holds. The host in the owner keeps two hosts that happen to use the
+//     same MAC apart.
+//   - An --aux-address arrives as a request without a MAC; an address the
+//     pool may hand out is reserved cluster-wide by owner "aux-<addr>", with
+//     one marker per host under "docker/aux/"; the last host's
+//     ReleaseAddress frees it. Aux addresses outside the allocatable range
+//     need no reservation.
+//   - ReleaseAddress and ReleasePool succeed for addresses and pools that
+//     are unknown or already released.
+//
+// Errors are the wrapped errors of pkg/pool and pkg/store; Message turns one
+// into the text dockerd shows ("Error response from daemon:
+// IpamDriver.RequestAddress: <text>"). Driver is safe for concurrent use.
+package driver

@@ -1,0 +1,438 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"time"
+
+	"github.com/docker/go-plugins-helpers/ipam"
+
+	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// Option names and values of the remote IPAM protocol that the driver reads.
+const (
+	// OptPool is the --ipam-opt that names the ringipam pool explicitly.
+	OptPool = "pool"
+	// OptMAC carries the endpoint's MAC address (RequiresMACAddress).
+	OptMAC = "com.docker.network.endpoint.macaddress"
+	// OptAddressType says what an address is requested for.
+	OptAddressType = "RequestAddressType"
+	// AddressTypeGateway is OptAddressType's value for the network gateway.
+	AddressTypeGateway = "com.docker.network.gateway"
+)
+
+// Address spaces the driver reports; pools are cluster-wide whatever the
+// space, so the driver ignores the space of later requests.
+const (
+	LocalAddressSpace  = "ringipam-local"
+	GlobalAddressSpace = "ringipam-global"
+)
+
+// DefaultTimeout bounds one driver call when Options.Timeout is zero.
+const DefaultTimeout = 15 * time.Second
+
+// Capabilities is the driver's answer to GetCapabilities. The helper
+// library's CapabilitiesResponse lacks RequiresRequestReplay, hence this type.
+type Capabilities struct {
+	RequiresMACAddress    bool
+	RequiresRequestReplay bool
+}
+
+// Options configures a Driver.
+type Options struct {
+	// DefaultPools are carved into subnets for networks created without
+	// --subnet; IPv4 and IPv6 entries may be mixed.
+	DefaultPools []DefaultPool
+	// Timeout bounds each call (DefaultTimeout if zero).
+	Timeout time.Duration
+	// Metrics, if not nil, counts allocations and releases.
+	Metrics *Metrics
+	// Logger receives one line per state change; slog.Default() if nil.
+	Logger *slog.Logger
+}
+
+// Driver serves the IPAM calls for one host. Create it with New.
+type Driver struct {
+	alloc   *pool.Allocator
+	st      store.Store
+	host    string
+	pools   []DefaultPool
+	timeout time.Duration
+	m       *Metrics
+	log     *slog.Logger
+	// pick serialises default-pool leasing in this process, so that two
+	// concurrent RequestPool calls never lease the same subnet.
+	pick chan struct{}
+}
+
+// New returns a Driver allocating for alloc's host on alloc's store.
+func New(alloc *pool.Allocator, opts Options) (*Driver, error) {
+	for _, p := range opts.DefaultPools {
+		if err := p.validate(); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Timeout < 0 {
+		return nil, fmt.Errorf("%w: negative timeout %s", pool.ErrInvalid, opts.Timeout)
+	}
+	if opts.Timeout == 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	return &Driver{
+		alloc:   alloc,
+		st:      alloc.Store(),
+		host:    alloc.Host(),
+		pools:   opts.DefaultPools,
+		timeout: opts.Timeout,
+		m:       opts.Metrics,
+		log:     opts.Logger,
+		pick:    make(chan struct{}, 1),
+	}, nil
+}
+
+// Host returns the host name the driver allocates for.
+func (d *Driver) Host() string { return d.host }
+
+func (d *Driver) ctx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, d.timeout)
+}
+
+// Capabilities reports that dockerd must send endpoint MACs and replay its
+// pool and address requests when it starts.
+func (d *Driver) Capabilities() Capabilities {
+	return Capabilities{RequiresMACAddress: true, RequiresRequestReplay: true}
+}
+
+// AddressSpaces reports the driver's (nominal) address spaces.
+func (d *Driver) AddressSpaces() *ipam.AddressSpacesResponse {
+	return &ipam.AddressSpacesResponse{LocalDefaultAddressSpace: LocalAddressSpace, GlobalDefaultAddressSpace: GlobalAddressSpace}
+}
+
+// RequestPool resolves the network's pool (see the package doc).
+func (d *Driver) RequestPool(ctx context.Context, req *ipam.RequestPoolRequest) (*ipam.RequestPoolResponse, error) {
+	ctx, cancel := d.ctx(ctx)
+	defer cancel()
+	name := req.Options[OptPool]
+	if req.Pool == "" {
+		if req.SubPool != "" {
+			return nil, fmt.Errorf("%w: --ip-range needs --subnet", pool.ErrInvalid)
+		}
+		if name != "" {
+			return nil, fmt.Errorf("%w: --ipam-opt pool=%s needs --subnet (the subnet recorded for the pool)", pool.ErrInvalid, name)
+		}
+		return d.requestDefault(ctx, req.V6)
+	}
+	subnet, err := netip.ParsePrefix(req.Pool)
+	if err != nil {
+		return nil, fmt.Errorf("%w: subnet %q: %v", pool.ErrInvalid, req.Pool, err)
+	}
+	if subnet != subnet.Masked() {
+		return nil, fmt.Errorf("%w: subnet %s has host bits set (did you mean %s?)", pool.ErrInvalid, subnet, subnet.Masked())
+	}
+	if subnet.Addr().Is6() != req.V6 {
+		return nil, fmt.Errorf("%w: subnet %s is not of the requested address family (IPv6=%v)", pool.ErrInvalid, subnet, req.V6)
+	}
+	pid := poolID{Pool: name, Subnet: subnet}
+	if pid.Pool == "" {
+		pid.Pool = PoolName(subnet)
+	}
+	if pid.Start, pid.End, err = shape(subnet, req.SubPool); err != nil {
+		return nil, err
+	}
+	def, err := d.alloc.Definition(ctx, pid.Pool)
+	switch {
+	case errors.Is(err, pool.ErrUnknownPool):
+		// Recorded by the gateway request, which knows --gateway.
+	case err != nil:
+		return nil, err
+	default:
+		if pid, err = conform(pid, def, req.SubPool != ""); err != nil {
+			return nil, err
+		}
+	}
+	return &ipam.RequestPoolResponse{PoolID: pid.String(), Pool: pid.Subnet.String()}, nil
+}
+
+// requestDefault leases a default-pool subnet whose pool, if recorded,
+// fits it (a subnet whose name another pool definition took is skipped).
+func (d *Driver) requestDefault(ctx context.Context, v6 bool) (*ipam.RequestPoolResponse, error) {
+	skip := map[netip.Prefix]bool{}
+	for {
+		pid, err := d.leaseDefault(ctx, v6, skip)
+		if err != nil {
+			return nil, err
+		}
+		def, err := d.alloc.Definition(ctx, pid.Pool)
+		if err == nil {
+			var cerr error
+			if pid, cerr = conform(pid, def, false); cerr != nil {
+				d.log.Warn("default pool subnet skipped: its pool is recorded otherwise", "subnet", pid.Subnet, "err", cerr)
+				d.dropLease(ctx, pid)
+				skip[pid.Subnet] = true
+				continue
+			}
+		} else if !errors.Is(err, pool.ErrUnknownPool) {
+			d.dropLease(ctx, pid)
+			return nil, err
+		}
+		d.log.Info("leased default pool", "pool", pid.Pool, "subnet", pid.Subnet, "lease", pid.Lease)
+		return &ipam.RequestPoolResponse{PoolID: pid.String(), Pool: pid.Subnet.String()}, nil
+	}
+}
+
+// conform checks a recorded definition against what dockerd asked for and
+// adopts its range when dockerd gave no --ip-range.
+func conform(pid poolID, def pool.Def, rangeGiven bool) (poolID, error) {
+	if len(def.Ranges) != 1 || def.Ranges[0].Subnet != pid.Subnet {
+		var subnets []string
+		for _, r := range def.Ranges {
+			subnets = append(subnets, r.Subnet.String())
+		}
+		return pid, fmt.Errorf("%w: pool %s is recorded with subnet(s) %v; a Docker network needs a pool of exactly one subnet, %s", pool.ErrDefinitionMismatch, def.Name, subnets, pid.Subnet)
+	}
+	r := def.Ranges[0]
+	if rangeGiven && (r.Start != pid.Start || r.End != pid.End) {
+		return pid, fmt.Errorf("%w: pool %s is recorded with range %s-%s; --ip-range gives %s-%s", pool.ErrDefinitionMismatch, def.Name, r.Start, r.End, pid.Start, pid.End)
+	}
+	pid.Start, pid.End = r.Start, r.End
+	return pid, nil
+}
+
+// ReleasePool drops the default-pool lease the PoolID carries, if any.
+// Pools given by --subnet hold nothing per network: their definition stays
+// recorded for the other hosts and the CNI plugin.
+func (d *Driver) ReleasePool(ctx context.Context, req *ipam.ReleasePoolRequest) error {
+	ctx, cancel := d.ctx(ctx)
+	defer cancel()
+	pid, err := parsePoolID(req.PoolID)
+	if err != nil {
+		return err
+	}
+	if pid.Lease == "" {
+		return nil
+	}
+	if err := d.st.Commit(ctx, nil, []store.Op{store.Delete(leaseKey(d.host, pid))}); err != nil {
+		return fmt.Errorf("release lease of default pool %s: %w", pid.Subnet, err)
+	}
+	d.log.Info("released default pool lease", "pool", pid.Pool, "subnet", pid.Subnet, "lease", pid.Lease)
+	return nil
+}
+
+// RequestAddress hands out the network gateway, an aux address or a
+// container address (see the package doc).
+func (d *Driver) RequestAddress(ctx context.Context, req *ipam.RequestAddressRequest) (*ipam.RequestAddressResponse, error) {
+	ctx, cancel := d.ctx(ctx)
+	defer cancel()
+	pid, err := parsePoolID(req.PoolID)
+	if err != nil {
+		return nil, err
+	}
+	var want netip.Addr
+	if req.Address != "" {
+		if want, err = netip.ParseAddr(req.Address); err != nil {
+			return nil, fmt.Errorf("%w: address %q: %v", pool.ErrInvalid, req.Address, err)
+		}
+		if !pid.Subnet.Contains(want) {
+			return nil, fmt.Errorf("%w: address %s is outside the network's subnet %s", pool.ErrInvalid, want, pid.Subnet)
+		}
+	}
+	var got netip.Addr
+	switch {
+	case req.Options[OptAddressType] == AddressTypeGateway:
+		got, err = d.gateway(ctx, pid, want)
+	case req.Options[OptMAC] != "":
+		got, err = d.container(ctx, pid, req.Options[OptMAC], want)
+	case want.IsValid():
+		got, err = d.aux(ctx, pid, want)
+	default:
+		err = fmt.Errorf("%w: request carries neither an endpoint MAC address nor an address; is this dockerd honouring RequiresMACAddress?", pool.ErrInvalid)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &ipam.RequestAddressResponse{Address: netip.PrefixFrom(got, pid.Subnet.Bits()).String()}, nil
+}
+
+// gateway records the pool on first use and returns its gateway.
+func (d *Driver) gateway(ctx context.Context, pid poolID, want netip.Addr) (netip.Addr, error) {
+	def, err := d.alloc.Definition(ctx, pid.Pool)
+	if errors.Is(err, pool.ErrUnknownPool) {
+		gw := want
+		if !gw.IsValid() {
+			gw, _, _ = usableBounds(pid.Subnet)
+		}
+		nd := pool.Def{Name: pid.Pool, Ranges: []pool.Range{{Subnet: pid.Subnet, Start: pid.Start, End: pid.End, Gateway: gw}}}
+		err = d.alloc.Define(ctx, nd)
+		if err == nil {
+			d.log.Info("recorded pool", "pool", pid.Pool, "subnet", pid.Subnet, "range", fmt.Sprintf("%s-%s", pid.Start, pid.End), "gateway", gw)
+			return gw, nil
+		}
+		if !errors.Is(err, pool.ErrDefinitionMismatch) {
+			return netip.Addr{}, err
+		}
+		// Another host recorded it meanwhile: check against that.
+		def, err = d.alloc.Definition(ctx, pid.Pool)
+	}
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if _, err := conform(pid, def, true); err != nil {
+		return netip.Addr{}, err
+	}
+	gw := def.Ranges[0].Gateway
+	if !gw.IsValid() {
+		return netip.Addr{}, fmt.Errorf("%w: pool %s is recorded without a gateway; a Docker network needs one (record the pool with a gateway)", pool.ErrDefinitionMismatch, pid.Pool)
+	}
+	if want.IsValid() && want != gw {
+		return netip.Addr{}, fmt.Errorf("%w: pool %s is recorded with gateway %s; --gateway %s differs", pool.ErrDefinitionMismatch, pid.Pool, gw, want)
+	}
+	return gw, nil
+}
+
+// Owner is the owner of the address of the endpoint with MAC mac on host.
+func Owner(poolName, mac, host string) (pool.Owner, error) {
+	hw, err := net.ParseMAC(mac)
+	if err != nil {
+		return pool.Owner{}, fmt.Errorf("%w: endpoint MAC address %q: %v", pool.ErrInvalid, mac, err)
+	}
+	return pool.Owner{Network: poolName, ContainerID: hw.String(), IfName: host}, nil
+}
+
+// container allocates (or returns, for a replay) the endpoint's address.
+func (d *Driver) container(ctx context.Context, pid poolID, mac string, want netip.Addr) (netip.Addr, error) {
+	owner, err := Owner(pid.Pool, mac, d.host)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	start := time.Now()
+	al, err := d.alloc.Allocate(ctx, pool.Request{Owner: owner, Wants: []pool.Want{{Pool: pid.Pool, Role: pool.RoleIP, Addr: want}}})
+	if errors.Is(err, pool.ErrUnknownPool) {
+		return netip.Addr{}, fmt.Errorf("pool %s is not recorded yet (the network's gateway request records it): %w", pid.Pool, err)
+	}
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	got, ok := al.Addr(pid.Pool, pool.RoleIP)
+	if !ok || !pid.Subnet.Contains(got) {
+		return netip.Addr{}, fmt.Errorf("owner %s holds %v, nothing in subnet %s", owner, al.Addrs, pid.Subnet)
+	}
+	d.m.allocated(pid.Subnet.Addr().Is4())
+	d.log.Info("allocated", "pool", pid.Pool, "owner", owner.String(), "addr", got, "took", time.Since(start))
+	return got, nil
+}
+
+// auxOwner is the cluster-wide owner of a reserved --aux-address.
+func auxOwner(poolName string, a netip.Addr) pool.Owner {
+	return pool.Owner{Network: poolName, ContainerID: "aux-" + a.String()}
+}
+
+// aux reserves an --aux-address cluster-wide, if the pool could hand it out.
+func (d *Driver) aux(ctx context.Context, pid poolID, a netip.Addr) (netip.Addr, error) {
+	def, err := d.alloc.Definition(ctx, pid.Pool)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if !def.Contains(a) {
+		return a, nil // outside the allocatable range, or the gateway: never handed out anyway
+	}
+	if err := d.st.Commit(ctx, nil, []store.Op{store.Put(auxKey(pid.Pool, a, d.host), []byte(d.host))}); err != nil {
+		return netip.Addr{}, fmt.Errorf("mark aux address %s: %w", a, err)
+	}
+	o := auxOwner(pid.Pool, a)
+	if _, err := d.alloc.Allocate(ctx, pool.Request{Owner: o, Wants: []pool.Want{{Pool: pid.Pool, Role: pool.RoleIP, Addr: a}}}); err != nil {
+		if derr := d.st.Commit(ctx, nil, []store.Op{store.Delete(auxKey(pid.Pool, a, d.host))}); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return netip.Addr{}, fmt.Errorf("reserve aux address: %w", err)
+	}
+	d.log.Info("reserved aux address", "pool", pid.Pool, "addr", a)
+	return a, nil
+}
+
+// ReleaseAddress releases a container address or this host's hold on an aux
+// address; the gateway and unknown addresses are left alone.
+func (d *Driver) ReleaseAddress(ctx context.Context, req *ipam.ReleaseAddressRequest) error {
+	ctx, cancel := d.ctx(ctx)
+	defer cancel()
+	pid, err := parsePoolID(req.PoolID)
+	if err != nil {
+		return err
+	}
+	a, err := netip.ParseAddr(req.Address)
+	if err != nil {
+		return fmt.Errorf("%w: address %q: %v", pool.ErrInvalid, req.Address, err)
+	}
+	def, err := d.alloc.Definition(ctx, pid.Pool)
+	if errors.Is(err, pool.ErrUnknownPool) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if !def.Contains(a) {
+		return nil // the gateway, or an address the pool never hands out
+	}
+	if held, err := d.releaseAux(ctx, pid, a); held || err != nil {
+		return err
+	}
+	al, held, err := d.alloc.HolderOf(ctx, pid.Pool, a)
+	if err != nil {
+		return err
+	}
+	if got, ok := al.Addr(pid.Pool, pool.RoleIP); held && al.Host == d.host && ok && got == a {
+		if _, _, err := d.alloc.Release(ctx, al.Owner); err != nil {
+			return err
+		}
+		d.m.released(a.Is4())
+		d.log.Info("released", "pool", pid.Pool, "owner", al.Owner.String(), "addr", a)
+		return nil
+	}
+	d.log.Info("release of an address this host does not hold", "pool", pid.Pool, "addr", a)
+	return nil
+}
+
+// releaseAux drops this host's marker on an aux reservation and frees the
+// address once no host marks it. held is false if a is not reserved as aux.
+func (d *Driver) releaseAux(ctx context.Context, pid poolID, a netip.Addr) (held bool, err error) {
+	o := auxOwner(pid.Pool, a)
+	al, ok, err := d.alloc.Lookup(ctx, o)
+	if err != nil || !ok {
+		return false, err
+	}
+	if got, _ := al.Addr(pid.Pool, pool.RoleIP); got != a {
+		return false, nil
+	}
+	if err := d.st.Commit(ctx, nil, []store.Op{store.Delete(auxKey(pid.Pool, a, d.host))}); err != nil {
+		return true, fmt.Errorf("unmark aux address %s: %w", a, err)
+	}
+	prefix := auxPrefix(pid.Pool, a)
+	left, err := d.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 1)
+	if err != nil {
+		return true, fmt.Errorf("aux address %s: %w", a, err)
+	}
+	if len(left) > 0 {
+		return true, nil
+	}
+	if _, _, err := d.alloc.Release(ctx, o); err != nil {
+		return true, err
+	}
+	d.log.Info("released aux address", "pool", pid.Pool, "addr", a)
+	return true, nil
+}
+
+func auxPrefix(poolName string, a netip.Addr) string {
+	return "docker/aux/" + poolName + "/" + a.String() + "/"
+}
+
+func auxKey(poolName string, a netip.Addr, host string) string {
+	return auxPrefix(poolName, a) + host
+}
