@@ -16,7 +16,15 @@ import (
 type hostState struct {
 	Cursor netip.Addr `json:"c,omitzero"` // last address handed out dynamically
 	Used   uint64     `json:"u"`          // addresses this host holds in the pool
+	// Next and Run: the last scan saw Run free addresses starting at Next,
+	// right after Cursor. The next dynamic allocations take them without
+	// scanning; a stale hint only costs one conflict and a scan.
+	Next netip.Addr `json:"n,omitzero"`
+	Run  uint64     `json:"r,omitempty"`
 }
+
+// maxRun caps the free run remembered in the host state.
+const maxRun = 1 << 32
 
 // reservation remembers a named owner's addresses.
 type reservation struct {
@@ -35,6 +43,7 @@ type poolTxn struct {
 	host        hostState
 	hostKV      store.KV
 	taken       map[u128]bool
+	useHint     bool
 }
 
 // errNeedSpace says a pool has no free address in this host's ranges, so
@@ -63,9 +72,9 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 	defer unlock()
 	var result Allocation
 	var handoffs []handoff
-	err = a.run(ctx, func() error {
+	err = a.run(ctx, func(attempt int) error {
 		var err error
-		result, handoffs, err = a.allocateOnce(ctx, req)
+		result, handoffs, err = a.allocateOnce(ctx, req, attempt == 0)
 		return err
 	})
 	if err != nil {
@@ -108,7 +117,10 @@ func validateRequest(req Request) error {
 	return nil
 }
 
-func (a *Allocator) allocateOnce(ctx context.Context, req Request) (alloc Allocation, handoffs []handoff, err error) {
+// allocateOnce reads, decides and commits once. useHint lets dynamic picks
+// trust the host state's free-run hint (first attempt only: after a
+// conflict the host's ranges are scanned).
+func (a *Allocator) allocateOnce(ctx context.Context, req Request, useHint bool) (alloc Allocation, handoffs []handoff, err error) {
 	owner := req.Owner.String()
 	keys := []string{ownerKey(req.Owner)}
 	if req.Reservation != "" {
@@ -184,7 +196,7 @@ func (a *Allocator) allocateOnce(ctx context.Context, req Request) (alloc Alloca
 		if err != nil {
 			return Allocation{}, nil, err
 		}
-		t := &poolTxn{name: p, def: def, segs: segmentsOf(def), ringKV: ringKV, hostKV: hostKV, taken: map[u128]bool{}}
+		t := &poolTxn{name: p, def: def, segs: segmentsOf(def), ringKV: ringKV, hostKV: hostKV, taken: map[u128]bool{}, useHint: useHint}
 		var tokens []token
 		if ringKV.Exists() {
 			if err := json.Unmarshal(ringKV.Value, &tokens); err != nil {
@@ -342,6 +354,14 @@ func (a *Allocator) pickDynamic(ctx context.Context, t *poolTxn) (u128, error) {
 	if len(spans) == 0 {
 		return u128{}, errNeedSpace{t.name}
 	}
+	if h := t.host; t.useHint && h.Run > 0 && h.Next.IsValid() && h.Next.Is4() == t.def.is4() {
+		v := toU128(h.Next)
+		if !t.taken[v] && inSpans(v, spans) {
+			t.setHint(v, h.Run-1)
+			return v, nil
+		}
+	}
+	t.host.Next, t.host.Run = netip.Addr{}, 0
 	start := spans[0].lo
 	if t.host.Cursor.IsValid() && t.host.Cursor.Is4() == t.def.is4() {
 		start = toU128(t.host.Cursor).inc()
@@ -361,28 +381,61 @@ func (a *Allocator) pickDynamic(ctx context.Context, t *poolTxn) (u128, error) {
 	}
 	order = append(order, wrapped...)
 	for _, s := range order {
-		v, ok, err := a.firstFree(ctx, t, s)
+		v, run, ok, err := a.firstFree(ctx, t, s)
 		if err != nil {
 			return u128{}, err
 		}
 		if ok {
+			t.setHint(v, run)
 			return v, nil
 		}
 	}
 	return u128{}, errNeedSpace{t.name}
 }
 
+// setHint records that run free addresses follow v (v itself being taken now).
+func (t *poolTxn) setHint(v u128, run uint64) {
+	if run == 0 {
+		t.host.Next, t.host.Run = netip.Addr{}, 0
+		return
+	}
+	t.host.Next, t.host.Run = v.inc().addr(t.def.is4()), min(run, maxRun)
+}
+
+func inSpans(v u128, spans []span) bool {
+	for _, s := range spans {
+		if s.contains(v) {
+			return true
+		}
+	}
+	return false
+}
+
+// runLen is the number of addresses in [from, to], 0 when from > to, capped
+// at maxRun.
+func runLen(from, to u128) uint64 {
+	if from.cmp(to) > 0 {
+		return 0
+	}
+	n := span{from, to}.size()
+	if n.hi != 0 || n.lo > maxRun {
+		return maxRun
+	}
+	return n.lo
+}
+
 // scanPage is how many held addresses one scan reads.
 const scanPage = 256
 
-// firstFree returns the lowest address of s that is not held.
-func (a *Allocator) firstFree(ctx context.Context, t *poolTxn, s span) (u128, bool, error) {
+// firstFree returns the lowest address of s that is not held, and how many
+// free addresses follow it as far as the scan saw.
+func (a *Allocator) firstFree(ctx context.Context, t *poolTxn, s span) (u128, uint64, bool, error) {
 	is4 := t.def.is4()
 	cur := s.lo
 	for {
 		kvs, err := a.st.Scan(ctx, addrKey(t.name, cur, is4), addrKey(t.name, s.hi, is4)+"\x00", scanPage)
 		if err != nil {
-			return u128{}, false, err
+			return u128{}, 0, false, err
 		}
 		for _, kv := range kvs {
 			k, ok := parseAddrKey(kv.Key)
@@ -391,13 +444,13 @@ func (a *Allocator) firstFree(ctx context.Context, t *poolTxn, s span) (u128, bo
 			}
 			for cur.cmp(k) < 0 {
 				if !t.taken[cur] {
-					return cur, true, nil
+					return cur, runLen(cur.inc(), k.dec()), true, nil
 				}
 				cur = cur.inc()
 			}
 			if cur.cmp(k) == 0 {
 				if cur == s.hi {
-					return u128{}, false, nil
+					return u128{}, 0, false, nil
 				}
 				cur = cur.inc()
 			}
@@ -405,13 +458,17 @@ func (a *Allocator) firstFree(ctx context.Context, t *poolTxn, s span) (u128, bo
 		if len(kvs) < scanPage {
 			for ; cur.cmp(s.hi) <= 0; cur = cur.inc() {
 				if !t.taken[cur] {
-					return cur, true, nil
+					var run uint64
+					if cur != s.hi {
+						run = runLen(cur.inc(), s.hi)
+					}
+					return cur, run, true, nil
 				}
 				if cur == s.hi {
 					break
 				}
 			}
-			return u128{}, false, nil
+			return u128{}, 0, false, nil
 		}
 	}
 }

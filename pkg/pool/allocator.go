@@ -80,14 +80,14 @@ func (a *Allocator) ctx(ctx context.Context) (context.Context, context.CancelFun
 
 // run runs op under the bounded retry policy, retrying store conflicts and
 // mapping exhaustion to ErrTryAgain.
-func (a *Allocator) run(ctx context.Context, op func() error) error {
+func (a *Allocator) run(ctx context.Context, op func(attempt int) error) error {
 	err := retry.Do(ctx, a.policy, func(err error) bool {
 		if errors.Is(err, store.ErrConflict) {
 			a.stats.conflict()
 			return true
 		}
 		return false
-	}, func(int) error { return op() })
+	}, op)
 	if errors.Is(err, retry.ErrExhausted) {
 		return errors.Join(ErrTryAgain, err)
 	}

@@ -203,7 +203,7 @@ func (a *Allocator) largestHole(ctx context.Context, pool string, is4 bool, span
 // handoff that its donor allocated before the ring changed hands, so that
 // every held address again lies in a range of its own host.
 func (a *Allocator) returnStrays(ctx context.Context, h handoff) error {
-	return a.run(ctx, func() error {
+	return a.run(ctx, func(int) error {
 		held, err := a.st.Scan(ctx, addrKey(h.pool, h.lo, h.is4), addrKey(h.pool, h.hi, h.is4)+"\x00", 0)
 		if err != nil {
 			return err

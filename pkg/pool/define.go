@@ -23,7 +23,7 @@ func (a *Allocator) Define(ctx context.Context, defs ...Def) error {
 		if err != nil {
 			return err
 		}
-		err = a.run(ctx, func() error {
+		err = a.run(ctx, func(int) error {
 			kvs, err := a.st.Get(ctx, defKey(n.Name))
 			if err != nil {
 				return err

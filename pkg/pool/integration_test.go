@@ -173,7 +173,7 @@ func BenchmarkFourHostsConflicts(b *testing.B) {
 			per1000 := float64(conflicts) * 1000 / float64(done)
 			b.ReportMetric(per1000, "conflicts/1000allocs")
 			b.ReportMetric(float64(done)/el.Seconds(), "allocs/s")
-			if done >= 1000 {
+			if done >= 100 {
 				fmt.Printf("4 hosts x %d workers on etcd: %d allocations, %.1f conflicts per 1000, %.0f allocs/s\n", workers, done, per1000, float64(done)/el.Seconds())
 			}
 		})

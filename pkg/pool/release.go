@@ -32,7 +32,7 @@ func (a *Allocator) Release(ctx context.Context, owner Owner) (Allocation, bool,
 	defer unlock()
 	var released Allocation
 	var found bool
-	err = a.run(ctx, func() error {
+	err = a.run(ctx, func(int) error {
 		var err error
 		released, found, err = a.releaseOnce(ctx, owner)
 		return err
