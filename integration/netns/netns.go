@@ -1,0 +1,129 @@
+// Package netns gives integration tests real, named Linux network
+// namespaces that are always removed again.
+//
+// Every namespace New creates is deleted by t.Cleanup, also when the test
+// fails; every command runs under a deadline (CommandTimeout) so a stuck
+// tool fails the test instead of hanging it. Names carry a random suffix so
+// parallel and repeated runs never collide. The package needs root and the
+// iproute2 "ip" command; RequireRoot skips a test that lacks them.
+//
+// Safe for concurrent use: each NS is immutable after New.
+package netns
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+)
+
+// CommandTimeout bounds every command this package runs.
+const CommandTimeout = 30 * time.Second
+
+// RequireRoot skips t unless it runs as root with the ip command available.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root (network namespaces)")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs iproute2's ip command")
+	}
+}
+
+// Unique returns prefix followed by 8 random hex digits. Keep prefix at 7
+// characters or less when the result names a network interface (15 max).
+func Unique(prefix string) string {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err)
+	}
+	return prefix + hex.EncodeToString(b[:])
+}
+
+// NS is one named network namespace (ip netns).
+type NS struct {
+	Name string // as in `ip netns list`
+	Path string // /var/run/netns/Name, the CNI_NETNS of a container
+}
+
+// New creates a namespace named Unique(prefix), brings its loopback up and
+// deletes it when the test ends.
+func New(t testing.TB, prefix string) *NS {
+	t.Helper()
+	name := Unique(prefix)
+	if out, err := Command("ip", "netns", "add", name); err != nil {
+		t.Fatalf("ip netns add %s: %v: %s", name, err, out)
+	}
+	n := &NS{Name: name, Path: "/var/run/netns/" + name}
+	t.Cleanup(func() {
+		if out, err := Command("ip", "netns", "delete", name); err != nil {
+			t.Errorf("ip netns delete %s: %v: %s", name, err, out)
+		}
+	})
+	n.MustRun(t, "ip", "link", "set", "lo", "up")
+	return n
+}
+
+// Command runs argv in the caller's namespace under CommandTimeout and
+// returns its combined output.
+func Command(argv ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), CommandTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, argv[0], argv[1:]...).CombinedOutput()
+	if ctx.Err() != nil {
+		err = fmt.Errorf("%s timed out after %v: %w", strings.Join(argv, " "), CommandTimeout, ctx.Err())
+	}
+	return string(out), err
+}
+
+// Run runs argv inside the namespace (ip netns exec) and returns its
+// combined output.
+func (n *NS) Run(argv ...string) (string, error) {
+	return Command(append([]string{"ip", "netns", "exec", n.Name}, argv...)...)
+}
+
+// MustRun is Run that fails the test on error.
+func (n *NS) MustRun(t testing.TB, argv ...string) string {
+	t.Helper()
+	out, err := n.Run(argv...)
+	if err != nil {
+		t.Fatalf("in netns %s: %s: %v: %s", n.Name, strings.Join(argv, " "), err, out)
+	}
+	return out
+}
+
+// Do runs fn on an OS thread switched into the namespace (processes fn
+// starts inherit it).
+func (n *NS) Do(fn func() error) error {
+	h, err := ns.GetNS(n.Path)
+	if err != nil {
+		return fmt.Errorf("opening netns %s: %w", n.Name, err)
+	}
+	defer h.Close()
+	return h.Do(func(ns.NetNS) error { return fn() })
+}
+
+// Addrs returns the global addresses of link dev inside the namespace, in
+// CIDR form, as `ip -o addr show` lists them.
+func (n *NS) Addrs(t testing.TB, dev string) []string {
+	t.Helper()
+	out := n.MustRun(t, "ip", "-o", "addr", "show", "dev", dev, "scope", "global")
+	var addrs []string
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		for i := 0; i+1 < len(f); i++ {
+			if f[i] == "inet" || f[i] == "inet6" {
+				addrs = append(addrs, f[i+1])
+			}
+		}
+	}
+	return addrs
+}

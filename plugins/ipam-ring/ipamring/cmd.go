@@ -1,0 +1,189 @@
+package ipamring
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/retry"
+)
+
+// SupportedVersions are the CNI spec versions ipam-ring speaks.
+var SupportedVersions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+// Edge runs the verbs for skel: load config, open the store, call the core,
+// print, map errors. The zero value opens the configured store and prints to
+// os.Stdout.
+type Edge struct {
+	// Open returns an allocator for c and a function that closes it. Nil
+	// means: open c's store (local or etcd) and wrap it in a pool.Allocator.
+	Open func(ctx context.Context, c *Config) (Allocator, func() error, error)
+	// Stdout receives ADD results; nil means os.Stdout.
+	Stdout io.Writer
+}
+
+// Funcs returns the skel callbacks of the five verbs.
+func (e Edge) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
+}
+
+func (e Edge) stdout() io.Writer {
+	if e.Stdout == nil {
+		return os.Stdout
+	}
+	return e.Stdout
+}
+
+// run opens the allocator for c under c's timeout, calls fn and closes the
+// allocator again.
+func (e Edge) run(c *Config, fn func(ctx context.Context, a Allocator) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
+	defer cancel()
+	open := e.Open
+	if open == nil {
+		open = OpenAllocator
+	}
+	a, closeFn, err := open(ctx, c)
+	if err != nil {
+		return err
+	}
+	err = fn(ctx, a)
+	if cerr := closeFn(); cerr != nil {
+		// What was committed stays committed: a failed close (a dropped
+		// etcd connection) must not turn a done ADD into a failure.
+		fmt.Fprintf(os.Stderr, "ipam-ring: closing store: %v\n", cerr)
+	}
+	return err
+}
+
+// contentionRetry is the retry policy for store conflicts. Concurrent ADDs
+// on one host are separate processes that contend on the host's keys in
+// the store; a runtime starting dozens of containers at once should see
+// them wait (within the invocation's timeout, which also bounds this
+// policy) rather than fail with code 11. At most about 15s of back-off.
+func contentionRetry() retry.Policy {
+	return retry.Policy{Attempts: 200, BaseDelay: time.Millisecond, MaxDelay: 80 * time.Millisecond}
+}
+
+// OpenAllocator opens c's store and returns a pool allocator for c.Host on
+// it, with c.Timeout as the allocator's default deadline.
+func OpenAllocator(ctx context.Context, c *Config) (Allocator, func() error, error) {
+	st, err := openStore(ctx, c.Store)
+	if err != nil {
+		return nil, nil, fmt.Errorf("opening store: %w", err)
+	}
+	a, err := pool.New(st, c.Host, pool.WithTimeout(c.Timeout), pool.WithRetry(contentionRetry()))
+	if err != nil {
+		st.Close()
+		return nil, nil, fmt.Errorf("%w: host %q: %w", ErrBadConfig, c.Host, err)
+	}
+	return a, st.Close, nil
+}
+
+func attachment(args *skel.CmdArgs) Attachment {
+	return Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
+}
+
+// Add is the ADD verb.
+func (e Edge) Add(args *skel.CmdArgs) error {
+	c, err := Load(args.StdinData, args.Args)
+	if err != nil {
+		return wire(err)
+	}
+	if c.Chained {
+		// Chained only for GC/STATUS: pass the previous result through.
+		if c.PrevResult == nil {
+			return wire(badConfig("\"chained\": true needs a prevResult (put ipam-ring after the main plugin)"))
+		}
+		return wire(printAs(e.stdout(), c.PrevResult, c.CNIVersion))
+	}
+	var res types.Result
+	err = e.run(c, func(ctx context.Context, a Allocator) error {
+		r, err := Add(ctx, a, c, attachment(args))
+		res = r
+		return err
+	})
+	if err != nil {
+		return wire(err)
+	}
+	return wire(printAs(e.stdout(), res, c.CNIVersion))
+}
+
+func printAs(w io.Writer, r types.Result, ver string) error {
+	out, err := r.GetAsVersion(ver)
+	if err != nil {
+		return fmt.Errorf("%w: cannot express the result as CNI %s: %w", ErrBadConfig, ver, err)
+	}
+	return out.PrintTo(w)
+}
+
+// Del is the DEL verb. It needs no network namespace.
+func (e Edge) Del(args *skel.CmdArgs) error {
+	c, err := Load(args.StdinData, args.Args)
+	if err != nil {
+		return wire(err)
+	}
+	if c.Chained {
+		return nil // the main plugin's IPAM delegation releases
+	}
+	return wire(e.run(c, func(ctx context.Context, a Allocator) error {
+		return Del(ctx, a, c, attachment(args))
+	}))
+}
+
+// Check is the CHECK verb.
+func (e Edge) Check(args *skel.CmdArgs) error {
+	c, err := Load(args.StdinData, args.Args)
+	if err != nil {
+		return wire(err)
+	}
+	if c.Chained {
+		return nil
+	}
+	return wire(e.run(c, func(ctx context.Context, a Allocator) error {
+		return Check(ctx, a, c, attachment(args))
+	}))
+}
+
+// GC is the GC verb (CNI 1.1).
+func (e Edge) GC(args *skel.CmdArgs) error {
+	c, err := Load(args.StdinData, args.Args)
+	if err != nil {
+		return wire(err)
+	}
+	return wire(e.run(c, func(ctx context.Context, a Allocator) error {
+		_, err := GC(ctx, a, c)
+		return err
+	}))
+}
+
+// Status is the STATUS verb (CNI 1.1): code 50 when ADD cannot be served.
+func (e Edge) Status(args *skel.CmdArgs) error {
+	c, err := Load(args.StdinData, args.Args)
+	if err != nil {
+		return wire(err)
+	}
+	err = e.run(c, func(ctx context.Context, a Allocator) error {
+		return Status(ctx, a, c)
+	})
+	if err == nil {
+		return nil
+	}
+	return statusError(err)
+}
+
+// wire returns err as a *types.Error, and a nil error (not a typed nil
+// pointer) when there is none.
+func wire(err error) error {
+	if err == nil {
+		return nil
+	}
+	return CNIError(err)
+}

@@ -1,0 +1,191 @@
+package ipamring
+
+import (
+	"errors"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ringipam/ringipam/pkg/pool"
+)
+
+func conf(ipam string) []byte {
+	return []byte(`{"cniVersion":"1.1.0","name":"net1","type":"bridge","ipam":` + ipam + `}`)
+}
+
+func TestLoadDefaults(t *testing.T) {
+	c, err := Load(conf(`{"type":"ipam-ring","host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}],[{"subnet":"2001:db8::/64","rangeStart":"2001:db8::10","rangeEnd":"2001:db8::ff"}]]}`), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []RangeSet{
+		{Def: pool.Def{Name: "net1-0", Ranges: []pool.Range{{
+			Subnet:  netip.MustParsePrefix("198.18.0.0/24"),
+			Start:   netip.MustParseAddr("198.18.0.1"),
+			End:     netip.MustParseAddr("198.18.0.254"),
+			Gateway: netip.MustParseAddr("198.18.0.1"),
+		}}}},
+		{Def: pool.Def{Name: "net1-1", Ranges: []pool.Range{{
+			Subnet:  netip.MustParsePrefix("2001:db8::/64"),
+			Start:   netip.MustParseAddr("2001:db8::10"),
+			End:     netip.MustParseAddr("2001:db8::ff"),
+			Gateway: netip.MustParseAddr("2001:db8::1"),
+		}}}},
+	}
+	if diff := cmp.Diff(want, c.RangeSets, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }), cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+		t.Errorf("range sets (-want +got):\n%s", diff)
+	}
+	if c.Host != "h1" || c.GatewayMode != GatewayShared || c.Timeout != DefaultTimeout || c.Network != "net1" || c.HasValid || c.Reservation != "" {
+		t.Errorf("defaults: %+v", c)
+	}
+}
+
+func TestLoadCases(t *testing.T) {
+	const r4 = `"ranges":[[{"subnet":"198.18.0.0/24"}]]`
+	const r46 = `"ranges":[[{"subnet":"198.18.0.0/24"}],[{"subnet":"2001:db8::/64"}]]`
+	tests := []struct {
+		name    string
+		ipam    string
+		args    string
+		extra   string // top-level keys
+		check   func(t *testing.T, c *Config)
+		wantErr string
+	}{
+		{name: "no ranges", ipam: `{"host":"h"}`, wantErr: "no IP ranges"},
+		{name: "bad subnet", ipam: `{"host":"h","ranges":[[{"subnet":"198.18.0.0/33"}]]}`, wantErr: "ranges[0]"},
+		{name: "unknown ipam key", ipam: `{"host":"h","rnages":[]}`, wantErr: "unknown field"},
+		{name: "host-local dataDir accepted", ipam: `{"host":"h","dataDir":"/x",` + r4 + `}`},
+		{name: "start after end", ipam: `{"host":"h","ranges":[[{"subnet":"198.18.0.0/24","rangeStart":"198.18.0.9","rangeEnd":"198.18.0.2"}]]}`, wantErr: "after"},
+		{name: "overlapping sets", ipam: `{"host":"h","ranges":[[{"subnet":"198.18.0.0/24"}],[{"subnet":"198.18.0.0/25"}]]}`, wantErr: "overlap"},
+		{name: "legacy single range", ipam: `{"host":"h","subnet":"198.18.1.0/24","gateway":"198.18.1.254"}`, check: func(t *testing.T, c *Config) {
+			if g := c.RangeSets[0].Def.Ranges[0].Gateway; g != netip.MustParseAddr("198.18.1.254") {
+				t.Errorf("gateway %v", g)
+			}
+		}},
+		{name: "pools override", ipam: `{"host":"h","pools":["a","b"],` + r46 + `}`, check: func(t *testing.T, c *Config) {
+			if c.RangeSets[0].Def.Name != "a" || c.RangeSets[1].Def.Name != "b" {
+				t.Errorf("names %v", c.Defs())
+			}
+		}},
+		{name: "pools count mismatch", ipam: `{"host":"h","pools":["a"],` + r46 + `}`, wantErr: "names 1 pools"},
+		{name: "bad pool name", ipam: `{"host":"h","pools":["a/b"],` + r4 + `}`, wantErr: "pool name"},
+		{name: "exclude per family", ipam: `{"host":"h","exclude":["198.18.0.7","198.18.0.64/26","2001:db8::5"],` + r46 + `}`, check: func(t *testing.T, c *Config) {
+			if len(c.RangeSets[0].Def.Exclude) != 2 || len(c.RangeSets[1].Def.Exclude) != 1 {
+				t.Errorf("excludes %v", c.Defs())
+			}
+		}},
+		{name: "bad exclude", ipam: `{"host":"h","exclude":["nope"],` + r4 + `}`, wantErr: "exclude"},
+		{name: "static from CNI_ARGS comma list", ipam: `{"host":"h",` + r46 + `}`, args: "IP=198.18.0.9,2001:db8::9", check: func(t *testing.T, c *Config) {
+			if c.RangeSets[0].Static != netip.MustParseAddr("198.18.0.9") || c.RangeSets[1].Static != netip.MustParseAddr("2001:db8::9") {
+				t.Errorf("statics %+v", c.RangeSets)
+			}
+		}},
+		{name: "static from ips capability with prefix", ipam: `{"host":"h",` + r4 + `}`, extra: `"runtimeConfig":{"ips":["198.18.0.10/24"]},`, check: func(t *testing.T, c *Config) {
+			if c.RangeSets[0].Static != netip.MustParseAddr("198.18.0.10") {
+				t.Errorf("static %v", c.RangeSets[0].Static)
+			}
+		}},
+		{name: "static outside ranges", ipam: `{"host":"h",` + r4 + `}`, args: "IP=198.19.0.1", wantErr: "not in any configured range"},
+		{name: "two statics one set", ipam: `{"host":"h",` + r4 + `}`, args: "IP=198.18.0.1,198.18.0.2", wantErr: "two IPs"},
+		{name: "unknown CNI_ARGS", ipam: `{"host":"h",` + r4 + `}`, args: "FOO=1", wantErr: "unknown keys"},
+		{name: "unknown CNI_ARGS ignored", ipam: `{"host":"h",` + r4 + `}`, args: "IgnoreUnknown=1;FOO=1"},
+		{name: "reservation explicit", ipam: `{"host":"h","reservationFromPod":true,` + r4 + `}`, args: "RESERVATION=db-0;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p", check: func(t *testing.T, c *Config) {
+			if c.Reservation != "db-0" {
+				t.Errorf("reservation %q", c.Reservation)
+			}
+		}},
+		{name: "reservation from pod", ipam: `{"host":"h","reservationFromPod":true,` + r4 + `}`, args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p", check: func(t *testing.T, c *Config) {
+			if c.Reservation != "ns/p" {
+				t.Errorf("reservation %q", c.Reservation)
+			}
+		}},
+		{name: "pod args without reservationFromPod", ipam: `{"host":"h",` + r4 + `}`, args: "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p", check: func(t *testing.T, c *Config) {
+			if c.Reservation != "" {
+				t.Errorf("reservation %q", c.Reservation)
+			}
+		}},
+		{name: "ipRanges prepended with content name", ipam: `{"host":"h",` + r4 + `}`, extra: `"runtimeConfig":{"ipRanges":[[{"subnet":"198.19.4.0/24"}]]},`, check: func(t *testing.T, c *Config) {
+			if len(c.RangeSets) != 2 || !c.RangeSets[0].FromRuntime || !strings.HasPrefix(c.RangeSets[0].Def.Name, "net1-rt-") || c.RangeSets[1].Def.Name != "net1-0" {
+				t.Errorf("sets %+v", c.Defs())
+			}
+		}},
+		{name: "gatewayMode per-container not yet", ipam: `{"host":"h","gatewayMode":"per-container",` + r4 + `}`, wantErr: "not yet supported"},
+		{name: "gatewayMode bogus", ipam: `{"host":"h","gatewayMode":"x",` + r4 + `}`, wantErr: "unknown"},
+		{name: "timeout", ipam: `{"host":"h","timeout":"2s",` + r4 + `}`, check: func(t *testing.T, c *Config) {
+			if c.Timeout != 2*time.Second {
+				t.Errorf("timeout %v", c.Timeout)
+			}
+		}},
+		{name: "bad timeout", ipam: `{"host":"h","timeout":"-1s",` + r4 + `}`, wantErr: "timeout"},
+		{name: "valid attachments", ipam: `{"host":"h",` + r4 + `}`, extra: `"cni.dev/valid-attachments":[{"containerID":"c1","ifname":"eth0"}],`, check: func(t *testing.T, c *Config) {
+			if !c.HasValid || len(c.Valid) != 1 || c.Valid[0].ContainerID != "c1" {
+				t.Errorf("valid %+v", c.Valid)
+			}
+		}},
+		{name: "old attachments key", ipam: `{"host":"h",` + r4 + `}`, extra: `"cni.dev/attachments":[],`, check: func(t *testing.T, c *Config) {
+			if !c.HasValid || len(c.Valid) != 0 {
+				t.Errorf("valid %v %+v", c.HasValid, c.Valid)
+			}
+		}},
+		{name: "null list is no list", ipam: `{"host":"h",` + r4 + `}`, extra: `"cni.dev/valid-attachments":null,`, check: func(t *testing.T, c *Config) {
+			if c.HasValid {
+				t.Error("null list taken as a list")
+			}
+		}},
+		{name: "store bad type", ipam: `{"host":"h","store":{"type":"zk"},` + r4 + `}`, wantErr: "store"},
+		{name: "store relative path", ipam: `{"host":"h","store":{"type":"local","path":"x.db"},` + r4 + `}`, wantErr: "absolute"},
+		{name: "store etcd without endpoints", ipam: `{"host":"h","store":{"type":"etcd"},` + r4 + `}`, wantErr: "endpoint"},
+		{name: "store etcd", ipam: `{"host":"h","store":{"type":"etcd","endpoints":["http://127.0.0.1:2379"],"dialTimeout":"1s"},` + r4 + `}`, check: func(t *testing.T, c *Config) {
+			if c.Store.Type != "etcd" || len(c.Store.Endpoints) != 1 {
+				t.Errorf("store %+v", c.Store)
+			}
+		}},
+		{name: "route without dst", ipam: `{"host":"h","routes":[{}],` + r4 + `}`, wantErr: "dst"},
+		{name: "prevResult parsed", ipam: `{"host":"h",` + r4 + `}`, extra: `"prevResult":{"cniVersion":"1.1.0","ips":[{"address":"198.18.0.2/24"}]},`, check: func(t *testing.T, c *Config) {
+			if c.PrevResult == nil || len(c.PrevResult.IPs) != 1 {
+				t.Errorf("prev %+v", c.PrevResult)
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			in := []byte(`{"cniVersion":"1.1.0","name":"net1","type":"bridge",` + tt.extra + `"ipam":` + tt.ipam + `}`)
+			c, err := Load(in, tt.args)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want containing %q", err, tt.wantErr)
+				}
+				if !errors.Is(err, ErrBadConfig) || CNIError(err).Code != 7 {
+					t.Fatalf("err %v is not a code-7 config error", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tt.check != nil {
+				tt.check(t, c)
+			}
+		})
+	}
+}
+
+func FuzzLoad(f *testing.F) {
+	f.Add([]byte(`{"name":"n","ipam":{"host":"h","ranges":[[{"subnet":"198.18.0.0/24"}]]}}`), "IP=198.18.0.4")
+	f.Add([]byte(`{"name":"n","ipam":{"host":"h","exclude":["2001:db8::/120"],"ranges":[[{"subnet":"2001:db8::/64"}]]}}`), "")
+	f.Fuzz(func(t *testing.T, in []byte, args string) {
+		c, err := Load(in, args)
+		if err != nil {
+			if !errors.Is(err, ErrBadConfig) {
+				t.Fatalf("error not wrapping ErrBadConfig: %v", err)
+			}
+			return
+		}
+		if len(c.RangeSets) == 0 || c.Host == "" || c.Timeout <= 0 {
+			t.Fatalf("accepted an incomplete config: %+v", c)
+		}
+	})
+}

@@ -1,0 +1,310 @@
+package ipamring
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/memory"
+)
+
+func newAlloc(t *testing.T, st store.Store, host string) *pool.Allocator {
+	t.Helper()
+	a, err := pool.New(st, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func mustLoad(t *testing.T, ipam, args string) *Config {
+	t.Helper()
+	c, err := Load(conf(ipam), args)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+const dual = `{"host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}],[{"subnet":"2001:db8::/64"}]],"routes":[{"dst":"0.0.0.0/0"}],"dns":{"nameservers":["198.18.0.1"]}}`
+
+func codeOf(err error) uint {
+	if err == nil {
+		return 0
+	}
+	return CNIError(err).Code
+}
+
+func TestAddDualStackIdempotent(t *testing.T) {
+	ctx := context.Background()
+	a := newAlloc(t, memory.New(), "h1")
+	c := mustLoad(t, dual, "")
+	at := Attachment{ContainerID: "c1", IfName: "eth0"}
+	r1, err := Add(ctx, a, c, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r1.IPs) != 2 || r1.IPs[0].Address.IP.To4() == nil || r1.IPs[1].Address.IP.To4() != nil {
+		t.Fatalf("want one IPv4 and one IPv6 address, got %v", r1.IPs)
+	}
+	if r1.IPs[0].Gateway.String() != "198.18.0.1" || r1.IPs[1].Gateway.String() != "2001:db8::1" {
+		t.Errorf("gateways %v %v", r1.IPs[0].Gateway, r1.IPs[1].Gateway)
+	}
+	if ones, _ := r1.IPs[0].Address.Mask.Size(); ones != 24 {
+		t.Errorf("v4 prefix %d", ones)
+	}
+	if len(r1.Routes) != 1 || len(r1.DNS.Nameservers) != 1 {
+		t.Errorf("routes/dns not passed through: %+v", r1)
+	}
+	r2, err := Add(ctx, a, c, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r1.IPs[0].Address.String() != r2.IPs[0].Address.String() || r1.IPs[1].Address.String() != r2.IPs[1].Address.String() {
+		t.Errorf("re-ADD gave %v, first ADD %v", r2.IPs, r1.IPs)
+	}
+	r3, err := Add(ctx, a, c, Attachment{ContainerID: "c2", IfName: "eth0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r3.IPs[0].Address.String() == r1.IPs[0].Address.String() {
+		t.Errorf("two owners got %v", r3.IPs[0].Address)
+	}
+}
+
+func TestAddErrorsMapToCodes(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	a := newAlloc(t, st, "h1")
+	c := mustLoad(t, `{"host":"h1","ranges":[[{"subnet":"198.18.0.0/29"}]]}`, "")
+	held, err := Add(ctx, a, c, Attachment{ContainerID: "holder", IfName: "eth0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	heldIP := held.IPs[0].Address.IP.String()
+
+	t.Run("in use names holder", func(t *testing.T) {
+		cs := mustLoad(t, `{"host":"h1","ranges":[[{"subnet":"198.18.0.0/29"}]]}`, "IP="+heldIP)
+		_, err := Add(ctx, a, cs, Attachment{ContainerID: "other", IfName: "eth0"})
+		if codeOf(err) != CodeAlreadyInUse || !strings.Contains(err.Error(), "holder") {
+			t.Fatalf("err = %v (code %d), want code %d naming the holder", err, codeOf(err), CodeAlreadyInUse)
+		}
+	})
+	t.Run("exists", func(t *testing.T) {
+		other := "198.18.0.6"
+		if heldIP == other {
+			other = "198.18.0.5"
+		}
+		cs := mustLoad(t, `{"host":"h1","ranges":[[{"subnet":"198.18.0.0/29"}]]}`, "IP="+other)
+		_, err := Add(ctx, a, cs, Attachment{ContainerID: "holder", IfName: "eth0"})
+		if codeOf(err) != CodeAlreadyExists {
+			t.Fatalf("err = %v (code %d), want %d", err, codeOf(err), CodeAlreadyExists)
+		}
+	})
+	t.Run("capacity says how full", func(t *testing.T) {
+		var err error
+		for i := 0; i < 10 && err == nil; i++ {
+			_, err = Add(ctx, a, c, Attachment{ContainerID: fmt.Sprintf("fill%d", i), IfName: "eth0"})
+		}
+		if codeOf(err) != CodeNoCapacity || !strings.Contains(err.Error(), "in use") {
+			t.Fatalf("err = %v (code %d), want %d", err, codeOf(err), CodeNoCapacity)
+		}
+		serr := Status(ctx, a, c)
+		if statusError(serr) == nil || statusError(serr).Code != CodePluginNotAvailable {
+			t.Fatalf("STATUS on a full pool = %v, want code 50", serr)
+		}
+	})
+	t.Run("definition mismatch", func(t *testing.T) {
+		cm := mustLoad(t, `{"host":"h2","ranges":[[{"subnet":"198.18.0.0/28"}]]}`, "")
+		_, err := Add(ctx, newAlloc(t, st, "h2"), cm, Attachment{ContainerID: "x", IfName: "eth0"})
+		if codeOf(err) != CodeDefinitionMismatch {
+			t.Fatalf("err = %v (code %d), want %d", err, codeOf(err), CodeDefinitionMismatch)
+		}
+		if serr := Status(ctx, a, cm); statusError(serr) == nil {
+			t.Fatal("STATUS passed with a mismatching definition")
+		}
+	})
+}
+
+func TestDelCheckGC(t *testing.T) {
+	ctx := context.Background()
+	a := newAlloc(t, memory.New(), "h1")
+	c := mustLoad(t, dual, "")
+	at := Attachment{ContainerID: "c1", IfName: "eth0"}
+	res, err := Add(ctx, a, c, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// CHECK with a matching prevResult.
+	cc := *c
+	cc.PrevResult = res
+	if err := Check(ctx, a, &cc, at); err != nil {
+		t.Fatalf("CHECK of a fresh allocation: %v", err)
+	}
+	// CHECK with a differing prevResult.
+	bad := *res
+	bad.IPs = res.IPs[:1]
+	cc.PrevResult = &bad
+	if err := Check(ctx, a, &cc, at); codeOf(err) != CodeCheckFailed {
+		t.Fatalf("CHECK with a differing prevResult = %v", err)
+	}
+	if err := Del(ctx, a, c, at); err != nil {
+		t.Fatal(err)
+	}
+	if err := Del(ctx, a, c, at); err != nil {
+		t.Fatalf("second DEL: %v", err)
+	}
+	cc.PrevResult = res
+	if err := Check(ctx, a, &cc, at); codeOf(err) != CodeCheckFailed {
+		t.Fatalf("CHECK after DEL = %v, want code %d", err, CodeCheckFailed)
+	}
+
+	// GC: keep k1, release s1 and s2; without a list, release nothing.
+	for _, id := range []string{"k1", "s1", "s2"} {
+		if _, err := Add(ctx, a, c, Attachment{ContainerID: id, IfName: "eth0"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if rel, err := GC(ctx, a, c); err != nil || len(rel) != 0 {
+		t.Fatalf("GC without a list released %v, %v", rel, err)
+	}
+	gc := *c
+	gc.HasValid = true
+	gc.Valid = []types.GCAttachment{{ContainerID: "k1", IfName: "eth0"}}
+	rel, err := GC(ctx, a, &gc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, r := range rel {
+		ids = append(ids, r.Owner.ContainerID)
+	}
+	if len(ids) != 2 || strings.Contains(strings.Join(ids, ","), "k1") {
+		t.Fatalf("GC released %v, want s1 and s2", ids)
+	}
+	if _, ok, _ := a.Lookup(ctx, c.Owner(Attachment{ContainerID: "k1", IfName: "eth0"})); !ok {
+		t.Fatal("GC released a valid attachment")
+	}
+}
+
+// downStore is a store that cannot be reached.
+type downStore struct{}
+
+func (downStore) Get(context.Context, ...string) ([]store.KV, error) {
+	return nil, fmt.Errorf("dial: %w", store.ErrUnavailable)
+}
+func (downStore) Scan(context.Context, string, string, int) ([]store.KV, error) {
+	return nil, fmt.Errorf("dial: %w", store.ErrUnavailable)
+}
+func (downStore) Commit(context.Context, []store.Cond, []store.Op) error {
+	return fmt.Errorf("dial: %w", store.ErrUnavailable)
+}
+func (downStore) Close() error { return nil }
+
+func TestEdgeStoreDown(t *testing.T) {
+	e := Edge{
+		Open: func(ctx context.Context, c *Config) (Allocator, func() error, error) {
+			a, err := pool.New(downStore{}, c.Host)
+			return a, func() error { return nil }, err
+		},
+		Stdout: &bytes.Buffer{},
+	}
+	args := &skel.CmdArgs{ContainerID: "c1", IfName: "eth0", Netns: "/x", StdinData: conf(dual)}
+	if err := e.Add(args); codeOf(err) != types.ErrTryAgainLater {
+		t.Errorf("ADD with store down = %v, want code 11", err)
+	}
+	if err := e.Del(args); codeOf(err) != types.ErrTryAgainLater {
+		t.Errorf("DEL with store down = %v, want code 11", err)
+	}
+	if err := e.Status(args); codeOf(err) != CodePluginNotAvailable {
+		t.Errorf("STATUS with store down = %v, want code 50", err)
+	}
+	bad := &skel.CmdArgs{ContainerID: "c1", IfName: "eth0", StdinData: conf(`{"ranges":[]}`)}
+	for name, f := range map[string]func(*skel.CmdArgs) error{"ADD": e.Add, "DEL": e.Del, "CHECK": e.Check, "GC": e.GC, "STATUS": e.Status} {
+		if err := f(bad); codeOf(err) != types.ErrInvalidNetworkConfig {
+			t.Errorf("%s with bad config = %v, want code 7", name, err)
+		}
+	}
+}
+
+func TestEdgeAddPrintsRequestedVersion(t *testing.T) {
+	st := memory.New()
+	for _, ver := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+		t.Run(ver, func(t *testing.T) {
+			out := &bytes.Buffer{}
+			e := Edge{
+				Open: func(ctx context.Context, c *Config) (Allocator, func() error, error) {
+					a, err := pool.New(st, c.Host)
+					return a, func() error { return nil }, err
+				},
+				Stdout: out,
+			}
+			in := []byte(`{"cniVersion":"` + ver + `","name":"net1","type":"bridge","ipam":` + dual + `}`)
+			if err := e.Add(&skel.CmdArgs{ContainerID: "c-" + ver, IfName: "eth0", StdinData: in}); err != nil {
+				t.Fatal(err)
+			}
+			var got struct {
+				CNIVersion string `json:"cniVersion"`
+				IPs        []json.RawMessage
+			}
+			if err := json.Unmarshal(out.Bytes(), &got); err != nil || got.CNIVersion != ver || len(got.IPs) != 2 {
+				t.Fatalf("printed %s (%v)", out, err)
+			}
+		})
+	}
+}
+
+func TestEdgeChainedPassesThrough(t *testing.T) {
+	out := &bytes.Buffer{}
+	e := Edge{Stdout: out, Open: func(context.Context, *Config) (Allocator, func() error, error) {
+		return nil, nil, errors.New("chained ADD must not open the store")
+	}}
+	in := []byte(`{"cniVersion":"1.1.0","name":"net1","type":"ipam-ring","chained":true,"prevResult":{"cniVersion":"1.1.0","ips":[{"address":"198.18.0.2/24"}]},"ipam":` + dual + `}`)
+	if err := e.Add(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", StdinData: in}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := current.NewResult(out.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := r.(*current.Result); len(res.IPs) != 1 || res.IPs[0].Address.String() != "198.18.0.2/24" {
+		t.Fatalf("chained ADD printed %s", out)
+	}
+	if err := e.Del(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", StdinData: in}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReservationSurvivesRecreate(t *testing.T) {
+	ctx := context.Background()
+	a := newAlloc(t, memory.New(), "h1")
+	c := mustLoad(t, `{"host":"h1","reservationFromPod":true,"ranges":[[{"subnet":"198.18.0.0/24"}]]}`, "IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=db-0")
+	first, err := Add(ctx, a, c, Attachment{ContainerID: "old", IfName: "eth0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Something else takes the next address meanwhile.
+	if _, err := Add(ctx, a, mustLoad(t, `{"host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}]]}`, ""), Attachment{ContainerID: "other", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Del(ctx, a, c, Attachment{ContainerID: "old", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Add(ctx, a, c, Attachment{ContainerID: "new", IfName: "eth0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.IPs[0].Address.String() != first.IPs[0].Address.String() {
+		t.Fatalf("recreated pod got %s, had %s", again.IPs[0].Address.String(), first.IPs[0].Address.String())
+	}
+}

@@ -1,0 +1,26 @@
+// Package ipamring is the core of the ipam-ring CNI IPAM plugin: it parses
+// and validates the plugin's configuration once, at the door (Load), and runs
+// the five CNI verbs (Add, Del, Check, GC, Status) against a pool allocator,
+// returning results instead of printing them. The Cmd* functions are the
+// thin edge that skel calls: they load the configuration, open the store,
+// call the core, print the result and turn every error into a CNI error
+// (CNIError), so that skel never has to invent code 999.
+//
+// Contracts:
+//   - Load never touches the store or the network. Every error it returns
+//     wraps ErrBadConfig (CNI code 7).
+//   - Add is idempotent per owner (network, container ID, interface name) and
+//     asks for all of an owner's addresses (IPv4 and IPv6) in one Allocate,
+//     which the pool commits in one store transaction: either every address
+//     is held afterwards or none is.
+//   - Del and GC are idempotent and succeed when there is nothing to release.
+//     GC with no list of valid attachments releases nothing.
+//   - Check fails (code 104) when the owner's allocation is gone or differs
+//     from prevResult.
+//   - Status fails with code 50 when the store cannot be reached, a pool's
+//     recorded definition differs, or a pool has no free address.
+//   - Every store call runs under the configured timeout (default 30s).
+//
+// The functions are safe for concurrent use; the configuration values they
+// take are not modified.
+package ipamring

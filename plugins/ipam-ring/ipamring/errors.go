@@ -1,0 +1,92 @@
+package ipamring
+
+import (
+	"context"
+	"errors"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// Plugin-specific CNI error codes (the CNI spec reserves 100 and up for
+// plugins). They are part of the plugin's documented interface: do not
+// renumber.
+const (
+	// CodeAlreadyInUse: a requested static address (or reservation name) is
+	// held by another owner; the message names the holder.
+	CodeAlreadyInUse uint = 100
+	// CodeAlreadyExists: this owner already holds a different address on
+	// the network; release it (DEL) first.
+	CodeAlreadyExists uint = 101
+	// CodeNoCapacity: the pool has no free address; the message says how
+	// many of how many are in use.
+	CodeNoCapacity uint = 102
+	// CodeDefinitionMismatch: the pool is recorded in the store with a
+	// different definition than this host's configuration.
+	CodeDefinitionMismatch uint = 103
+	// CodeCheckFailed: CHECK found the allocation gone or different from
+	// prevResult.
+	CodeCheckFailed uint = 104
+)
+
+// CodePluginNotAvailable is the CNI spec's code 50 ("the plugin is not
+// available"), returned by STATUS; pkg/types has no constant for it.
+const CodePluginNotAvailable uint = 50
+
+// ErrCheckFailed is wrapped by Check's findings.
+var ErrCheckFailed = errors.New("allocation check failed")
+
+// CNIError maps any error of this package, pkg/pool or pkg/store to the CNI
+// error the runtime sees. A *types.Error passes through unchanged; errors
+// nothing else claims become code 999 with their message.
+func CNIError(err error) *types.Error {
+	if err == nil {
+		return nil
+	}
+	var te *types.Error
+	var inUse *pool.InUseError
+	var exists *pool.ExistsError
+	var capErr *pool.CapacityError
+	code := types.ErrInternal
+	switch {
+	case errors.As(err, &te):
+		return te
+	case errors.Is(err, ErrBadConfig), errors.Is(err, pool.ErrInvalid), errors.Is(err, pool.ErrUnknownPool):
+		code = types.ErrInvalidNetworkConfig
+	case errors.As(err, &inUse), errors.Is(err, pool.ErrAlreadyInUse):
+		code = CodeAlreadyInUse
+	case errors.As(err, &exists), errors.Is(err, pool.ErrAlreadyExists):
+		code = CodeAlreadyExists
+	case errors.As(err, &capErr), errors.Is(err, pool.ErrNoCapacity):
+		code = CodeNoCapacity
+	case errors.Is(err, pool.ErrDefinitionMismatch):
+		code = CodeDefinitionMismatch
+	case errors.Is(err, ErrCheckFailed):
+		code = CodeCheckFailed
+	case IsUnavailable(err):
+		code = types.ErrTryAgainLater
+	}
+	return types.NewError(code, err.Error(), "")
+}
+
+// IsUnavailable reports whether err means "the store could not serve the
+// request now" (unreachable, timed out, or contention that outlasted the
+// retries); such an operation changed nothing and may be retried.
+func IsUnavailable(err error) bool {
+	return errors.Is(err, store.ErrUnavailable) || errors.Is(err, pool.ErrTryAgain) ||
+		errors.Is(err, store.ErrConflict) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// statusError maps a STATUS failure: bad configuration stays code 7,
+// everything else means "cannot serve ADD now" (code 50).
+func statusError(err error) *types.Error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, ErrBadConfig) {
+		return CNIError(err)
+	}
+	return types.NewError(CodePluginNotAvailable, err.Error(), "")
+}

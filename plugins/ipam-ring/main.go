@@ -1,0 +1,15 @@
+// Command ipam-ring is a CNI IPAM plugin that hands out container addresses
+// unique across every host sharing a ringipam store (etcd, or the embedded
+// local store for a single host). See README.md for its configuration and
+// error codes; the work is done by package ipamring.
+package main
+
+import (
+	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/ringipam/ringipam/plugins/ipam-ring/ipamring"
+)
+
+func main() {
+	skel.PluginMainFuncs(ipamring.Edge{}.Funcs(), ipamring.SupportedVersions, "ipam-ring: cluster-wide CNI IPAM on a ring of host-owned ranges")
+}
