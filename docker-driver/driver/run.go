@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
@@ -33,7 +34,9 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		return fmt.Errorf("open store: %w", err)
 	}
 	defer st.Close()
-	alloc, err := pool.New(st, cfg.Host, pool.WithTimeout(time.Duration(cfg.Timeout)))
+	// The host lock lets the driver and ipam-ring processes on the same
+	// host, sharing a pool, queue instead of conflicting in the store.
+	alloc, err := pool.New(st, cfg.Host, pool.WithTimeout(time.Duration(cfg.Timeout)), pool.WithHostLock(hostlock.DefaultDir))
 	if err != nil {
 		return err
 	}

@@ -111,7 +111,9 @@ func (a *Allocator) lockPools(ctx context.Context, pools []string) (func(), erro
 		}
 	}
 	for _, n := range names {
-		release, err := a.hostLk.Lock(ctx, n)
+		// One lock per (pool, host): hosts simulated on one machine, or a
+		// lock directory shared by mistake, never serialise each other.
+		release, err := a.hostLk.Lock(ctx, n+"@"+a.host)
 		if err != nil {
 			undo()
 			return nil, fmt.Errorf("%w: host lock for pool %s: %w", ErrTryAgain, n, err)

@@ -8,39 +8,48 @@ import (
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
-// Define records each pool definition on first use. A pool already recorded
-// with a different definition is an error wrapping ErrDefinitionMismatch that
-// shows both, so two hosts can never silently split one pool.
+// Define records each pool definition on first use, reading all of them in
+// one round trip and recording the new ones in one commit. A pool already
+// recorded with a different definition is an error wrapping
+// ErrDefinitionMismatch that shows both, so two hosts can never silently
+// split one pool.
 func (a *Allocator) Define(ctx context.Context, defs ...Def) error {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	for _, d := range defs {
+	keys := make([]string, len(defs))
+	wants := make([][]byte, len(defs))
+	for i, d := range defs {
 		n, err := d.Normalize()
 		if err != nil {
 			return err
 		}
-		want, err := json.Marshal(n)
-		if err != nil {
+		if wants[i], err = json.Marshal(n); err != nil {
 			return err
 		}
-		err = a.run(ctx, func(int) error {
-			kvs, err := a.st.Get(ctx, defKey(n.Name))
-			if err != nil {
-				return err
-			}
-			if kvs[0].Exists() {
-				if string(kvs[0].Value) != string(want) {
-					return fmt.Errorf("%w: pool %s is recorded as %s but this host was given %s", ErrDefinitionMismatch, n.Name, kvs[0].Value, want)
-				}
-				return nil
-			}
-			return a.st.Commit(ctx, []store.Cond{{Key: defKey(n.Name)}}, []store.Op{store.Put(defKey(n.Name), want)})
-		})
-		if err != nil {
-			return err
-		}
+		keys[i] = defKey(n.Name)
 	}
-	return nil
+	return a.run(ctx, func(int) error {
+		kvs, err := a.st.Get(ctx, keys...)
+		if err != nil {
+			return err
+		}
+		var conds []store.Cond
+		var ops []store.Op
+		for i, kv := range kvs {
+			if kv.Exists() {
+				if string(kv.Value) != string(wants[i]) {
+					return fmt.Errorf("%w: pool %s is recorded as %s but this host was given %s", ErrDefinitionMismatch, defs[i].Name, kv.Value, wants[i])
+				}
+				continue
+			}
+			conds = append(conds, store.Cond{Key: kv.Key})
+			ops = append(ops, store.Put(kv.Key, wants[i]))
+		}
+		if len(ops) == 0 {
+			return nil
+		}
+		return a.st.Commit(ctx, conds, ops)
+	})
 }
 
 // Definition returns the recorded definition of pool.

@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/retry"
 )
@@ -64,12 +65,13 @@ func (e Edge) run(c *Config, fn func(ctx context.Context, a Allocator) error) er
 }
 
 // contentionRetry is the retry policy for store conflicts. Concurrent ADDs
-// on one host are separate processes that contend on the host's keys in
-// the store; a runtime starting dozens of containers at once should see
-// them wait (within the invocation's timeout, which also bounds this
-// policy) rather than fail with code 11. At most about 15s of back-off.
+// on one host queue on the host lock (/run/ringipam/locks), so what is
+// left to retry is contention between hosts: ring changes when a host
+// claims space. A runtime starting dozens of containers at once on many
+// hosts should see them wait (within the invocation's timeout, which also
+// bounds this policy) rather than fail with code 11.
 func contentionRetry() retry.Policy {
-	return retry.Policy{Attempts: 200, BaseDelay: time.Millisecond, MaxDelay: 80 * time.Millisecond}
+	return retry.Policy{Attempts: 50, BaseDelay: time.Millisecond, MaxDelay: 80 * time.Millisecond}
 }
 
 // OpenAllocator opens c's store and returns a pool allocator for c.Host on
@@ -79,7 +81,8 @@ func OpenAllocator(ctx context.Context, c *Config) (Allocator, func() error, err
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening store: %w", err)
 	}
-	a, err := pool.New(st, c.Host, pool.WithTimeout(c.Timeout), pool.WithRetry(contentionRetry()))
+	a, err := pool.New(st, c.Host, pool.WithTimeout(c.Timeout), pool.WithRetry(contentionRetry()),
+		pool.WithHostLock(hostlock.DefaultDir))
 	if err != nil {
 		st.Close()
 		return nil, nil, fmt.Errorf("%w: host %q: %w", ErrBadConfig, c.Host, err)
