@@ -31,12 +31,30 @@ const (
 	// GatewayShared: one gateway per subnet (the range's "gateway", default
 	// the subnet's first usable address), as host-local and bridge use.
 	GatewayShared GatewayMode = "shared"
-	// GatewayPerContainer: a /32 or /128 per container with its own gateway
-	// allocated from the pool (Garden "from the pool"). Not yet supported.
+	// GatewayPerContainer: every container gets its own gateway allocated
+	// from the pool next to its ip, and the subnet {ip} (Garden "from the
+	// pool", see pkg/containernet); or, per container through CNI_ARGS
+	// SUBNET=, an ip in a special subnet outside the pool shared by several
+	// containers, the gateway again from the pool.
 	GatewayPerContainer GatewayMode = "per-container"
-	// GatewaySubnet: a special subnet outside the pool shared by several
-	// containers, each gateway allocated from the pool. Not yet supported.
-	GatewaySubnet GatewayMode = "subnet"
+)
+
+// PrefixMode says which prefix length the result gives a per-container
+// address from the pool. The container network's subnet is {ip} either way
+// (store, CHECK); only what the main plugin is told differs.
+type PrefixMode string
+
+const (
+	// PrefixRange: the prefix length of the range the ip came from (e.g.
+	// 198.18.0.5/24 via its own gateway 198.18.0.9). The reference ptp
+	// plugin needs it: it deletes the kernel's prefix route of the address
+	// and routes that prefix via the gateway, so the container's only
+	// on-link neighbour is its own gateway. The default.
+	PrefixRange PrefixMode = "range"
+	// PrefixHost: ip/32 or ip/128 exactly, for main plugins that wire
+	// point-to-point addresses themselves. ptp v1.9.1 fails on an IPv4 /32
+	// (it deletes a prefix route the kernel never made).
+	PrefixHost PrefixMode = "host"
 )
 
 // RangeSet is one configured CNI range set and the pool that serves it. Def
@@ -50,6 +68,10 @@ type RangeSet struct {
 	// FromRuntime is true for range sets that came from the "ipRanges"
 	// capability rather than from the configuration file.
 	FromRuntime bool
+	// Subnet is the special subnet (outside the pool) asked for by CNI_ARGS
+	// SUBNET= for this range set's family; Static is then the ip in it.
+	// Only with gatewayMode per-container; zero if none.
+	Subnet netip.Prefix
 }
 
 // Config is the validated configuration of one invocation. Load builds it;
@@ -66,7 +88,9 @@ type Config struct {
 	// reservationFromPod is set); empty for none.
 	Reservation string
 	GatewayMode GatewayMode
-	Timeout     time.Duration
+	// PerContainerPrefix is the prefix mode of per-container results.
+	PerContainerPrefix PrefixMode
+	Timeout            time.Duration
 	// Store is the raw "store" object, validated by Load (see store.go).
 	Store storeSettings
 	// Chained marks ipam-ring invoked as a chained plugin of a conflist
@@ -110,6 +134,7 @@ type ipamJSON struct {
 	Pools              []string        `json:"pools"`
 	ReservationFromPod bool            `json:"reservationFromPod"`
 	GatewayMode        string          `json:"gatewayMode"`
+	PerContainerPrefix string          `json:"perContainerPrefix"`
 	Timeout            string          `json:"timeout"`
 	// host-local's legacy single range, accepted like host-local does.
 	Subnet     string `json:"subnet"`
@@ -190,11 +215,22 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 	switch c.GatewayMode {
 	case "":
 		c.GatewayMode = GatewayShared
-	case GatewayShared:
-	case GatewayPerContainer, GatewaySubnet:
-		return nil, fmt.Errorf("%w: gatewayMode %q is %w; use \"shared\"", ErrBadConfig, c.GatewayMode, ErrNotSupported)
+	case GatewayShared, GatewayPerContainer:
+	case "subnet":
+		return nil, badConfig("gatewayMode \"subnet\" is not a mode: use \"per-container\" and ask for the special subnet per container with CNI_ARGS SUBNET=<cidr>;IP=<ip>")
 	default:
-		return nil, badConfig("gatewayMode %q is unknown; use \"shared\", \"per-container\" or \"subnet\"", im.GatewayMode)
+		return nil, badConfig("gatewayMode %q is unknown; use \"shared\" or \"per-container\"", im.GatewayMode)
+	}
+	switch PrefixMode(im.PerContainerPrefix) {
+	case "", PrefixRange:
+		c.PerContainerPrefix = PrefixRange
+	case PrefixHost:
+		if c.GatewayMode != GatewayPerContainer {
+			return nil, badConfig("perContainerPrefix %q needs gatewayMode \"per-container\"", im.PerContainerPrefix)
+		}
+		c.PerContainerPrefix = PrefixHost
+	default:
+		return nil, badConfig("perContainerPrefix %q is unknown; use \"range\" or \"host\"", im.PerContainerPrefix)
 	}
 	for i, r := range c.Routes {
 		if r == nil || r.Dst.IP == nil {
@@ -212,6 +248,9 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 	}
 	args, err := parseCNIArgs(cniArgs)
 	if err != nil {
+		return nil, err
+	}
+	if err := c.loadSubnets(args); err != nil {
 		return nil, err
 	}
 	if err := c.loadStatics(&n, args); err != nil {
@@ -419,16 +458,68 @@ func (c *Config) loadStatics(n *netJSON, args cniArgs) error {
 			return badConfig("%s %q: %v", x.from, x.s, err)
 		}
 		idx := slices.IndexFunc(c.RangeSets, func(rs RangeSet) bool {
-			return slices.ContainsFunc(rs.Def.Ranges, func(r pool.Range) bool { return r.Subnet.Contains(a) })
+			return rs.Subnet.Contains(a)
 		})
 		if idx < 0 {
-			return badConfig("requested IP %s (%s) is not in any configured range", a, x.from)
+			idx = slices.IndexFunc(c.RangeSets, func(rs RangeSet) bool {
+				return slices.ContainsFunc(rs.Def.Ranges, func(r pool.Range) bool { return r.Subnet.Contains(a) })
+			})
+		}
+		if idx < 0 {
+			return badConfig("requested IP %s (%s) is not in any configured range or requested SUBNET", a, x.from)
 		}
 		rs := &c.RangeSets[idx]
 		if rs.Static.IsValid() && rs.Static != a {
 			return badConfig("two IPs requested in pool %s: %s and %s", rs.Def.Name, rs.Static, a)
 		}
 		rs.Static = a
+	}
+	for _, rs := range c.RangeSets {
+		if rs.Subnet.IsValid() && !rs.Static.IsValid() {
+			return badConfig("CNI_ARGS SUBNET=%s needs the container's ip in it (CNI_ARGS IP=, or the \"ips\" capability)", rs.Subnet)
+		}
+	}
+	return nil
+}
+
+// loadSubnets assigns every special subnet of CNI_ARGS SUBNET= to the one
+// range set of its family. A special subnet lies outside the pool: it may
+// not overlap any configured range.
+func (c *Config) loadSubnets(args cniArgs) error {
+	if len(args.subnets) > 0 && c.GatewayMode != GatewayPerContainer {
+		return badConfig("CNI_ARGS SUBNET= needs gatewayMode \"per-container\" (this network's is %q)", c.GatewayMode)
+	}
+	for _, s := range args.subnets {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return badConfig("CNI_ARGS SUBNET %q: %v", s, err)
+		}
+		if p.Addr().Is4In6() || p.Addr().Zone() != "" {
+			return badConfig("CNI_ARGS SUBNET %q: use a plain IPv4 or IPv6 prefix", s)
+		}
+		p = p.Masked()
+		var idx []int
+		for i, rs := range c.RangeSets {
+			for _, r := range rs.Def.Ranges {
+				if r.Subnet.Overlaps(p) {
+					return badConfig("CNI_ARGS SUBNET %s overlaps range %s of pool %s; a special subnet must lie outside the pool", p, r.Subnet, rs.Def.Name)
+				}
+			}
+			if rs.Def.Ranges[0].Subnet.Addr().Is4() == p.Addr().Is4() {
+				idx = append(idx, i)
+			}
+		}
+		switch {
+		case len(idx) == 0:
+			return badConfig("CNI_ARGS SUBNET %s: no range set of its address family gives it a gateway", p)
+		case len(idx) > 1:
+			return badConfig("CNI_ARGS SUBNET %s: several range sets of its address family (pools %s, %s); which one gives the gateway is ambiguous", p, c.RangeSets[idx[0]].Def.Name, c.RangeSets[idx[1]].Def.Name)
+		}
+		rs := &c.RangeSets[idx[0]]
+		if rs.Subnet.IsValid() && rs.Subnet != p {
+			return badConfig("CNI_ARGS: two SUBNETs of one address family: %s and %s", rs.Subnet, p)
+		}
+		rs.Subnet = p
 	}
 	return nil
 }
@@ -451,13 +542,14 @@ func (c *Config) loadValid(n *netJSON) error {
 
 type cniArgs struct {
 	ips                   []string
+	subnets               []string
 	reservation           string
 	podNamespace, podName string
 	ignoreUnknown         bool
 }
 
 // parseCNIArgs reads CNI_ARGS ("K=V;K=V"). Known keys: IP (comma-separated
-// addresses), RESERVATION, K8S_POD_NAMESPACE, K8S_POD_NAME, and the other
+// addresses), SUBNET (comma-separated special subnets), RESERVATION, K8S_POD_NAMESPACE, K8S_POD_NAME, and the other
 // K8S_* keys runtimes send. Unknown keys are an error unless
 // IgnoreUnknown=1 (or true) is present, as in CNI's CommonArgs.
 func parseCNIArgs(s string) (cniArgs, error) {
@@ -479,6 +571,12 @@ func parseCNIArgs(s string) (cniArgs, error) {
 			for _, ip := range strings.Split(v, ",") {
 				if ip = strings.TrimSpace(ip); ip != "" {
 					a.ips = append(a.ips, ip)
+				}
+			}
+		case "SUBNET":
+			for _, sn := range strings.Split(v, ",") {
+				if sn = strings.TrimSpace(sn); sn != "" {
+					a.subnets = append(a.subnets, sn)
 				}
 			}
 		case "RESERVATION":

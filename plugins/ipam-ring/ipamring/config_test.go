@@ -112,7 +112,43 @@ func TestLoadCases(t *testing.T) {
 				t.Errorf("sets %+v", c.Defs())
 			}
 		}},
-		{name: "gatewayMode per-container not yet", ipam: `{"host":"h","gatewayMode":"per-container",` + r4 + `}`, wantErr: "not yet supported"},
+		{name: "gatewayMode per-container", ipam: `{"host":"h","gatewayMode":"per-container",` + r4 + `}`, check: func(t *testing.T, c *Config) {
+			if c.GatewayMode != GatewayPerContainer || c.PerContainerPrefix != PrefixRange {
+				t.Errorf("mode %q prefix %q", c.GatewayMode, c.PerContainerPrefix)
+			}
+		}},
+		{name: "gatewayMode subnet is not a mode", ipam: `{"host":"h","gatewayMode":"subnet",` + r4 + `}`, wantErr: "SUBNET="},
+		{name: "perContainerPrefix host", ipam: `{"host":"h","gatewayMode":"per-container","perContainerPrefix":"host",` + r4 + `}`, check: func(t *testing.T, c *Config) {
+			if c.PerContainerPrefix != PrefixHost {
+				t.Errorf("prefix %q", c.PerContainerPrefix)
+			}
+		}},
+		{name: "perContainerPrefix host needs per-container", ipam: `{"host":"h","perContainerPrefix":"host",` + r4 + `}`, wantErr: "needs gatewayMode"},
+		{name: "perContainerPrefix bogus", ipam: `{"host":"h","gatewayMode":"per-container","perContainerPrefix":"x",` + r4 + `}`, wantErr: "unknown"},
+		{name: "special subnet", ipam: `{"host":"h","gatewayMode":"per-container",` + r46 + `}`, args: "SUBNET=198.19.7.9/24;IP=198.19.7.3,2001:db8::7", check: func(t *testing.T, c *Config) {
+			want := []RangeSet{
+				{Subnet: netip.MustParsePrefix("198.19.7.0/24"), Static: netip.MustParseAddr("198.19.7.3")},
+				{Static: netip.MustParseAddr("2001:db8::7")},
+			}
+			for i, w := range want {
+				if got := c.RangeSets[i]; got.Subnet != w.Subnet || got.Static != w.Static {
+					t.Errorf("range set %d: subnet %v static %v, want %v %v", i, got.Subnet, got.Static, w.Subnet, w.Static)
+				}
+			}
+		}},
+		{name: "special subnet from ips capability", ipam: `{"host":"h","gatewayMode":"per-container",` + r4 + `}`, args: "SUBNET=198.19.7.0/24", extra: `"runtimeConfig":{"ips":["198.19.7.3/24"]},`, check: func(t *testing.T, c *Config) {
+			if rs := c.RangeSets[0]; rs.Subnet.String() != "198.19.7.0/24" || rs.Static.String() != "198.19.7.3" {
+				t.Errorf("subnet %v static %v", rs.Subnet, rs.Static)
+			}
+		}},
+		{name: "special subnet needs per-container", ipam: `{"host":"h",` + r4 + `}`, args: "SUBNET=198.19.7.0/24;IP=198.19.7.3", wantErr: "needs gatewayMode"},
+		{name: "special subnet needs an ip", ipam: `{"host":"h","gatewayMode":"per-container",` + r4 + `}`, args: "SUBNET=198.19.7.0/24", wantErr: "needs the container's ip"},
+		{name: "special subnet ip outside it", ipam: `{"host":"h","gatewayMode":"per-container",` + r4 + `}`, args: "SUBNET=198.19.7.0/24;IP=198.19.8.3", wantErr: "not in any configured range or requested SUBNET"},
+		{name: "special subnet overlapping the pool", ipam: `{"host":"h","gatewayMode":"per-container",` + r4 + `}`, args: "SUBNET=198.18.0.0/25;IP=198.18.0.3", wantErr: "outside the pool"},
+		{name: "special subnet without a range set of its family", ipam: `{"host":"h","gatewayMode":"per-container",` + r4 + `}`, args: "SUBNET=fd00:7::/64;IP=fd00:7::3", wantErr: "no range set of its address family"},
+		{name: "special subnet ambiguous family", ipam: `{"host":"h","gatewayMode":"per-container","ranges":[[{"subnet":"198.18.0.0/24"}],[{"subnet":"198.18.1.0/24"}]]}`, args: "SUBNET=198.19.7.0/24;IP=198.19.7.3", wantErr: "ambiguous"},
+		{name: "two special subnets of a family", ipam: `{"host":"h","gatewayMode":"per-container",` + r4 + `}`, args: "SUBNET=198.19.7.0/24,198.19.8.0/24;IP=198.19.7.3", wantErr: "two SUBNETs"},
+		{name: "bad special subnet", ipam: `{"host":"h","gatewayMode":"per-container",` + r4 + `}`, args: "SUBNET=198.19.7.0;IP=198.19.7.3", wantErr: "CNI_ARGS SUBNET"},
 		{name: "gatewayMode bogus", ipam: `{"host":"h","gatewayMode":"x",` + r4 + `}`, wantErr: "unknown"},
 		{name: "timeout", ipam: `{"host":"h","timeout":"2s",` + r4 + `}`, check: func(t *testing.T, c *Config) {
 			if c.Timeout != 2*time.Second {

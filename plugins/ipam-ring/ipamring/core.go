@@ -11,6 +11,7 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/ringipam/ringipam/pkg/containernet"
 	"github.com/ringipam/ringipam/pkg/pool"
 )
 
@@ -22,6 +23,7 @@ type Allocator interface {
 	Allocate(ctx context.Context, req pool.Request) (pool.Allocation, error)
 	Release(ctx context.Context, owner pool.Owner) (pool.Allocation, bool, error)
 	Lookup(ctx context.Context, owner pool.Owner) (pool.Allocation, bool, error)
+	List(ctx context.Context, f pool.Filter) ([]pool.Allocation, error)
 	GC(ctx context.Context, network string, valid []pool.Owner) ([]pool.Allocation, error)
 	Usage(ctx context.Context, name string) (pool.Usage, error)
 }
@@ -47,18 +49,26 @@ func (c *Config) Defs() []pool.Def {
 	return defs
 }
 
-// plan turns a configuration into pool wants and an allocation back into
-// CNI IP configurations. Each gateway mode is one plan; Load only lets
-// through the modes that have one.
+// plan is how one gateway mode allocates and reads back an owner's
+// addresses. Load only lets through the modes that have one.
 type plan interface {
-	wants(c *Config) []pool.Want
-	ips(c *Config, a pool.Allocation) ([]*current.IPConfig, error)
+	// add allocates (or returns what owner already holds) and gives the
+	// IP configurations of the result, in range set order.
+	add(ctx context.Context, a Allocator, c *Config, owner pool.Owner, resv string) ([]*current.IPConfig, error)
+	// held returns the IP configurations owner holds, false when it holds
+	// nothing, and an error wrapping ErrCheckFailed when what it holds is not
+	// what c asks for (static ip, special subnet).
+	held(ctx context.Context, a Allocator, c *Config, owner pool.Owner) ([]*current.IPConfig, bool, error)
+	// withGateway: CHECK compares gateways too (they are per container).
+	withGateway() bool
 }
 
 func planFor(m GatewayMode) (plan, error) {
 	switch m {
 	case GatewayShared, "":
 		return sharedPlan{}, nil
+	case GatewayPerContainer:
+		return perContainerPlan{}, nil
 	}
 	return nil, fmt.Errorf("%w: gatewayMode %q is %w", ErrBadConfig, m, ErrNotSupported)
 }
@@ -67,12 +77,38 @@ func planFor(m GatewayMode) (plan, error) {
 // every container of the subnet.
 type sharedPlan struct{}
 
-func (sharedPlan) wants(c *Config) []pool.Want {
+func (sharedPlan) withGateway() bool { return false }
+
+func (p sharedPlan) add(ctx context.Context, a Allocator, c *Config, owner pool.Owner, resv string) ([]*current.IPConfig, error) {
 	w := make([]pool.Want, len(c.RangeSets))
 	for i, rs := range c.RangeSets {
 		w[i] = pool.Want{Pool: rs.Def.Name, Role: pool.RoleIP, Addr: rs.Static}
 	}
-	return w
+	alloc, err := a.Allocate(ctx, pool.Request{Owner: owner, Reservation: resv, Wants: w})
+	if err != nil {
+		return nil, fmt.Errorf("allocating for %s: %w", owner, err)
+	}
+	return p.ips(c, alloc)
+}
+
+func (p sharedPlan) held(ctx context.Context, a Allocator, c *Config, owner pool.Owner) ([]*current.IPConfig, bool, error) {
+	alloc, ok, err := a.Lookup(ctx, owner)
+	if err != nil {
+		return nil, false, fmt.Errorf("looking up %s: %w", owner, err)
+	}
+	if !ok {
+		return nil, false, nil
+	}
+	for _, rs := range c.RangeSets {
+		if held, _ := alloc.Addr(rs.Def.Name, pool.RoleIP); rs.Static.IsValid() && held != rs.Static {
+			return nil, true, fmt.Errorf("%w: %s holds %s in pool %s but %s is requested", ErrCheckFailed, owner, held, rs.Def.Name, rs.Static)
+		}
+	}
+	ips, err := p.ips(c, alloc)
+	if err != nil {
+		return nil, true, fmt.Errorf("%w: %w", ErrCheckFailed, err)
+	}
+	return ips, true, nil
 }
 
 func (sharedPlan) ips(c *Config, a pool.Allocation) ([]*current.IPConfig, error) {
@@ -82,11 +118,10 @@ func (sharedPlan) ips(c *Config, a pool.Allocation) ([]*current.IPConfig, error)
 		if !ok {
 			return nil, fmt.Errorf("allocation of %s holds no address in pool %s", a.Owner, rs.Def.Name)
 		}
-		i := slices.IndexFunc(rs.Def.Ranges, func(r pool.Range) bool { return r.Subnet.Contains(addr) })
-		if i < 0 {
+		r, ok := rs.Def.RangeFor(addr)
+		if !ok {
 			return nil, fmt.Errorf("address %s of %s is outside pool %s", addr, a.Owner, rs.Def.Name)
 		}
-		r := rs.Def.Ranges[i]
 		ipc := &current.IPConfig{Address: net.IPNet{
 			IP:   net.IP(addr.AsSlice()),
 			Mask: net.CIDRMask(r.Subnet.Bits(), addr.BitLen()),
@@ -97,6 +132,95 @@ func (sharedPlan) ips(c *Config, a pool.Allocation) ([]*current.IPConfig, error)
 		out = append(out, ipc)
 	}
 	return out, nil
+}
+
+// perContainerPlan: per range set one container network of
+// pkg/containernet, its gateway allocated from the range set's pool next to
+// the ip; all of an owner's networks in one transaction.
+type perContainerPlan struct{}
+
+func (perContainerPlan) withGateway() bool { return true }
+
+// specs asks for one container network per range set: from the pool, from
+// the pool with the static ip, or in the requested special subnet.
+func (perContainerPlan) specs(c *Config) []containernet.Spec {
+	out := make([]containernet.Spec, len(c.RangeSets))
+	for i, rs := range c.RangeSets {
+		out[i] = containernet.Spec{Pool: rs.Def.Name, IP: rs.Static, Subnet: rs.Subnet}
+	}
+	return out
+}
+
+func (p perContainerPlan) add(ctx context.Context, a Allocator, c *Config, owner pool.Owner, resv string) ([]*current.IPConfig, error) {
+	nets, err := containernet.NewManager(a).Create(ctx, containernet.Request{Owner: owner, Reservation: resv, Specs: p.specs(c)})
+	if err != nil {
+		return nil, fmt.Errorf("creating container network: %w", err)
+	}
+	out := make([]*current.IPConfig, len(nets))
+	for i, n := range nets {
+		if out[i], err = p.ipConfig(c, c.RangeSets[i], n); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func (p perContainerPlan) held(ctx context.Context, a Allocator, c *Config, owner pool.Owner) ([]*current.IPConfig, bool, error) {
+	m := containernet.NewManager(a)
+	var out []*current.IPConfig
+	var missing []string
+	for _, rs := range c.RangeSets {
+		n, ok, err := m.Lookup(ctx, owner, rs.Def.Name)
+		if errors.Is(err, containernet.ErrViolation) {
+			return nil, true, fmt.Errorf("%w: %w", ErrCheckFailed, err)
+		}
+		if err != nil {
+			return nil, false, fmt.Errorf("looking up %s: %w", owner, err)
+		}
+		if !ok {
+			missing = append(missing, rs.Def.Name)
+			continue
+		}
+		switch {
+		case rs.Subnet.IsValid() && n.Subnet() != rs.Subnet:
+			return nil, true, fmt.Errorf("%w: %s holds %s in pool %s but special subnet %s is requested", ErrCheckFailed, owner, n, rs.Def.Name, rs.Subnet)
+		case !rs.Subnet.IsValid() && !n.Pooled():
+			return nil, true, fmt.Errorf("%w: %s holds %s in pool %s but no special subnet is requested", ErrCheckFailed, owner, n, rs.Def.Name)
+		case rs.Static.IsValid() && n.IP() != rs.Static:
+			return nil, true, fmt.Errorf("%w: %s holds %s in pool %s but %s is requested", ErrCheckFailed, owner, n, rs.Def.Name, rs.Static)
+		}
+		ipc, err := p.ipConfig(c, rs, n)
+		if err != nil {
+			return nil, true, fmt.Errorf("%w: %w", ErrCheckFailed, err)
+		}
+		out = append(out, ipc)
+	}
+	switch {
+	case len(missing) == len(c.RangeSets):
+		return nil, false, nil
+	case len(missing) > 0:
+		return nil, true, fmt.Errorf("%w: %s holds no container network in pools %v", ErrCheckFailed, owner, missing)
+	}
+	return out, true, nil
+}
+
+// ipConfig is container network n of range set rs as a CNI IP
+// configuration: the ip with the subnet's length (a special subnet's, or
+// for a pooled network the range's or /32 and /128, see PrefixMode) and the
+// container's own gateway.
+func (perContainerPlan) ipConfig(c *Config, rs RangeSet, n containernet.ContainerNet) (*current.IPConfig, error) {
+	prefix := n.Prefix()
+	if n.Pooled() && c.PerContainerPrefix != PrefixHost {
+		r, ok := rs.Def.RangeFor(n.IP())
+		if !ok {
+			return nil, fmt.Errorf("address %s is outside pool %s", n.IP(), rs.Def.Name)
+		}
+		prefix = netip.PrefixFrom(n.IP(), r.Subnet.Bits())
+	}
+	return &current.IPConfig{
+		Address: net.IPNet{IP: net.IP(n.IP().AsSlice()), Mask: net.CIDRMask(prefix.Bits(), n.IP().BitLen())},
+		Gateway: n.GatewayIP(),
+	}, nil
 }
 
 // Add allocates (or returns the already held) addresses of attachment at
@@ -110,11 +234,7 @@ func Add(ctx context.Context, a Allocator, c *Config, at Attachment) (*current.R
 	if err := a.Define(ctx, c.Defs()...); err != nil {
 		return nil, fmt.Errorf("recording pool definitions: %w", err)
 	}
-	alloc, err := a.Allocate(ctx, pool.Request{Owner: c.Owner(at), Reservation: c.Reservation, Wants: p.wants(c)})
-	if err != nil {
-		return nil, fmt.Errorf("allocating for %s: %w", c.Owner(at), err)
-	}
-	ips, err := p.ips(c, alloc)
+	ips, err := p.add(ctx, a, c, c.Owner(at), c.Reservation)
 	if err != nil {
 		return nil, err
 	}
@@ -126,8 +246,8 @@ func Add(ctx context.Context, a Allocator, c *Config, at Attachment) (*current.R
 	}, nil
 }
 
-// Del releases everything attachment at holds on c's network. It succeeds
-// when nothing is held.
+// Del releases everything attachment at holds on c's network (in
+// per-container mode: ip and gateway). It succeeds when nothing is held.
 func Del(ctx context.Context, a Allocator, c *Config, at Attachment) error {
 	if _, _, err := a.Release(ctx, c.Owner(at)); err != nil {
 		return fmt.Errorf("releasing %s: %w", c.Owner(at), err)
@@ -136,47 +256,52 @@ func Del(ctx context.Context, a Allocator, c *Config, at Attachment) error {
 }
 
 // Check verifies that attachment at still holds what the configuration asks
-// for and what prevResult (if any) says it got.
+// for and what prevResult (if any) says it got: the addresses, and in
+// per-container mode their gateways too.
 func Check(ctx context.Context, a Allocator, c *Config, at Attachment) error {
 	p, err := planFor(c.GatewayMode)
 	if err != nil {
 		return err
 	}
 	owner := c.Owner(at)
-	alloc, ok, err := a.Lookup(ctx, owner)
+	want, ok, err := p.held(ctx, a, c, owner)
 	if err != nil {
-		return fmt.Errorf("looking up %s: %w", owner, err)
+		return err
 	}
 	if !ok {
 		return fmt.Errorf("%w: %s holds no address on this network", ErrCheckFailed, owner)
 	}
-	want, err := p.ips(c, alloc)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrCheckFailed, err)
-	}
-	for _, rs := range c.RangeSets {
-		if held, _ := alloc.Addr(rs.Def.Name, pool.RoleIP); rs.Static.IsValid() && held != rs.Static {
-			return fmt.Errorf("%w: %s holds %s in pool %s but %s is requested", ErrCheckFailed, owner, held, rs.Def.Name, rs.Static)
-		}
-	}
 	if c.PrevResult == nil {
 		return nil
 	}
-	inPools := func(x netip.Addr) bool {
-		return slices.ContainsFunc(c.RangeSets, func(rs RangeSet) bool {
-			return slices.ContainsFunc(rs.Def.Ranges, func(r pool.Range) bool { return r.Subnet.Contains(x) })
+	// prevResult may carry addresses of other plugins: compare only those
+	// in this network's pools or in the subnets it handed out.
+	ours := func(x netip.Addr) bool {
+		for _, rs := range c.RangeSets {
+			if _, in := rs.Def.RangeFor(x); in || rs.Subnet.Contains(x) {
+				return true
+			}
+		}
+		return slices.ContainsFunc(want, func(ipc *current.IPConfig) bool {
+			return ipc.Address.Contains(net.IP(x.AsSlice()))
 		})
+	}
+	key := func(ipc *current.IPConfig) string {
+		if p.withGateway() {
+			return ipc.Address.String() + " via " + ipc.Gateway.String()
+		}
+		return ipc.Address.String()
 	}
 	var got []string
 	for _, ipc := range c.PrevResult.IPs {
 		x, ok := netip.AddrFromSlice(ipc.Address.IP)
-		if ok && inPools(x.Unmap()) {
-			got = append(got, ipc.Address.String())
+		if ok && ours(x.Unmap()) {
+			got = append(got, key(ipc))
 		}
 	}
 	var held []string
 	for _, ipc := range want {
-		held = append(held, ipc.Address.String())
+		held = append(held, key(ipc))
 	}
 	slices.Sort(got)
 	slices.Sort(held)

@@ -15,6 +15,11 @@
 //     is held afterwards or none is.
 //   - Del and GC are idempotent and succeed when there is nothing to release.
 //     GC with no list of valid attachments releases nothing.
+//   - In gatewayMode per-container, Add creates the owner's container
+//     networks through pkg/containernet (ip and its own gateway, or an ip in
+//     a special subnet from CNI_ARGS SUBNET= with a gateway from the pool),
+//     still in one transaction; Del releases ip and gateway; Check compares
+//     both.
 //   - Check fails (code 104) when the owner's allocation is gone or differs
 //     from prevResult.
 //   - Status fails with code 50 when the store cannot be reached, a pool's

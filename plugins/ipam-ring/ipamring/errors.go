@@ -6,6 +6,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/ringipam/ringipam/pkg/containernet"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
 )
@@ -53,6 +54,14 @@ func CNIError(err error) *types.Error {
 	switch {
 	case errors.As(err, &te):
 		return te
+	case errors.Is(err, ErrCheckFailed):
+		code = CodeCheckFailed
+	case errors.Is(err, containernet.ErrViolation):
+		// The owner holds something this mode cannot read as a container
+		// network (e.g. a shared-mode address after the network switched to
+		// per-container; the finding wraps ErrInvalid too): it must be
+		// released (DEL) first.
+		code = CodeAlreadyExists
 	case errors.Is(err, ErrBadConfig), errors.Is(err, pool.ErrInvalid), errors.Is(err, pool.ErrUnknownPool):
 		code = types.ErrInvalidNetworkConfig
 	case errors.As(err, &inUse), errors.Is(err, pool.ErrAlreadyInUse):
@@ -63,8 +72,6 @@ func CNIError(err error) *types.Error {
 		code = CodeNoCapacity
 	case errors.Is(err, pool.ErrDefinitionMismatch):
 		code = CodeDefinitionMismatch
-	case errors.Is(err, ErrCheckFailed):
-		code = CodeCheckFailed
 	case IsUnavailable(err):
 		code = types.ErrTryAgainLater
 	}
