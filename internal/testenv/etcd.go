@@ -1,0 +1,267 @@
+// Package testenv starts real servers for integration tests and benchmarks.
+//
+// StartEtcd runs Debian's /usr/bin/etcd as a one-member cluster on free
+// loopback ports with a temporary data directory, waits (with a deadline)
+// until it serves requests, and registers a cleanup that kills it; the data
+// directory is removed with the test's temp dirs. A missing binary fails the
+// test with the command that installs it: integration tests never skip
+// silently.
+//
+// An *Etcd is safe for use by one test goroutine at a time (Stop and Start
+// are not meant to race with each other); the server itself serves any
+// number of clients. If the test binary dies, the kernel kills the server
+// too (parent-death signal), so no etcd outlives its test.
+package testenv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// EtcdBinary is where scripts/install-deps.sh puts the etcd server.
+const EtcdBinary = "/usr/bin/etcd"
+
+// startTimeout bounds the wait for a started etcd to become healthy.
+const startTimeout = 60 * time.Second
+
+// Etcd is one running (or stopped) etcd server of a test.
+type Etcd struct {
+	tb      testing.TB
+	dataDir string
+	logPath string
+	client  string // http://127.0.0.1:port
+	peer    string
+	name    string
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	closed  bool
+}
+
+// StartEtcd starts a fresh single-member etcd for tb and waits until it is
+// healthy. It fails tb (never skips) if /usr/bin/etcd is missing.
+func StartEtcd(tb testing.TB) *Etcd {
+	tb.Helper()
+	if _, err := os.Stat(EtcdBinary); err != nil {
+		tb.Fatalf("testenv: %s not found (%v): run scripts/install-deps.sh as root", EtcdBinary, err)
+	}
+	dir := tb.TempDir()
+	e := &Etcd{
+		tb:      tb,
+		dataDir: filepath.Join(dir, "data"),
+		logPath: filepath.Join(dir, "etcd.log"),
+		name:    "test",
+	}
+	tb.Cleanup(e.Close)
+	// Free ports can be taken by someone else between probing and binding:
+	// try a few pairs.
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		cp, pp, perr := freePorts()
+		if perr != nil {
+			tb.Fatalf("testenv: %v", perr)
+		}
+		e.client = "http://127.0.0.1:" + strconv.Itoa(cp)
+		e.peer = "http://127.0.0.1:" + strconv.Itoa(pp)
+		if err = e.start(); err == nil {
+			return e
+		}
+		e.kill()
+		os.RemoveAll(e.dataDir)
+	}
+	tb.Fatalf("testenv: etcd did not start: %v", err)
+	return nil
+}
+
+// Endpoints returns the client URLs, for clientv3.Config.Endpoints.
+func (e *Etcd) Endpoints() []string { return []string{e.client} }
+
+// DataDir returns the server's data directory.
+func (e *Etcd) DataDir() string { return e.dataDir }
+
+// Stop kills the server (SIGKILL, as a crash would) and waits for it to
+// exit. The data directory is kept for Start.
+func (e *Etcd) Stop() {
+	e.tb.Helper()
+	e.kill()
+}
+
+// Start restarts a stopped server on the same ports and data and waits until
+// it is healthy. It fails the test if it cannot.
+func (e *Etcd) Start() {
+	e.tb.Helper()
+	e.mu.Lock()
+	running := e.cmd != nil
+	e.mu.Unlock()
+	if running {
+		e.tb.Fatalf("testenv: etcd at %s is already running", e.client)
+	}
+	if err := e.start(); err != nil {
+		e.kill()
+		e.tb.Fatalf("testenv: etcd restart: %v", err)
+	}
+}
+
+// Close kills the server for good. It is registered as a cleanup by
+// StartEtcd and may be called more than once.
+func (e *Etcd) Close() {
+	e.kill()
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+}
+
+func (e *Etcd) start() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return errors.New("closed")
+	}
+	e.mu.Unlock()
+	logf, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	args := []string{
+		"--name", e.name,
+		"--data-dir", e.dataDir,
+		"--listen-client-urls", e.client,
+		"--advertise-client-urls", e.client,
+		"--listen-peer-urls", e.peer,
+		"--initial-advertise-peer-urls", e.peer,
+		"--initial-cluster", e.name + "=" + e.peer,
+		"--initial-cluster-state", "new",
+		"--initial-cluster-token", "ringipam-test",
+		"--logger", "zap",
+		"--log-outputs", "stderr",
+		"--log-level", "warn",
+	}
+	cmd := exec.Command(EtcdBinary, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
+	exited := make(chan struct{})
+	started := make(chan error, 1)
+	// The parent-death signal fires when the *thread* that forked exits, so
+	// fork from a goroutine locked to its thread that lives until etcd exits.
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		defer logf.Close()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			close(exited)
+			return
+		}
+		started <- nil
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	if err := <-started; err != nil {
+		return fmt.Errorf("start %s: %w", EtcdBinary, err)
+	}
+	e.mu.Lock()
+	e.cmd, e.exited = cmd, exited
+	e.mu.Unlock()
+	if err := e.waitHealthy(exited); err != nil {
+		return fmt.Errorf("%w\n--- etcd log (%s) ---\n%s", err, e.logPath, tail(e.logPath, 4000))
+	}
+	return nil
+}
+
+// waitHealthy polls the client URL's /health until etcd reports a leader,
+// the process exits, or startTimeout passes.
+func (e *Etcd) waitHealthy(exited <-chan struct{}) error {
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	hc := &http.Client{Timeout: 2 * time.Second}
+	backoff := 10 * time.Millisecond
+	var last error
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.client+"/health", nil)
+		if err != nil {
+			return err
+		}
+		resp, err := hc.Do(req)
+		if err == nil {
+			body, _ := io.ReadAll(io.LimitReader(resp.Body, 1024))
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK && bytes.Contains(body, []byte(`"health":"true"`)) {
+				return nil
+			}
+			err = fmt.Errorf("health: %s %s", resp.Status, body)
+		}
+		last = err
+		select {
+		case <-exited:
+			return fmt.Errorf("etcd exited before becoming healthy (last probe: %v)", last)
+		case <-ctx.Done():
+			return fmt.Errorf("etcd at %s not healthy after %s: %v", e.client, startTimeout, last)
+		case <-time.After(backoff):
+		}
+		if backoff < 200*time.Millisecond {
+			backoff *= 2
+		}
+	}
+}
+
+// kill sends SIGKILL and waits (bounded) for the process to exit.
+func (e *Etcd) kill() {
+	e.mu.Lock()
+	cmd, exited := e.cmd, e.exited
+	e.cmd = nil
+	e.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Kill()
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		e.tb.Errorf("testenv: etcd pid %d did not exit 30s after SIGKILL", cmd.Process.Pid)
+	}
+}
+
+// freePorts returns two distinct loopback ports that were free a moment ago.
+func freePorts() (int, int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range 2 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, 0, fmt.Errorf("free port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports[0], ports[1], nil
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}

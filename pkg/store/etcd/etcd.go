@@ -1,0 +1,345 @@
+// Package etcd is the multi-host store.Store on an etcd v3 cluster, through
+// go.etcd.io/etcd/client/v3.
+//
+// Contract:
+//
+//   - Keys: every key is stored under Config.Prefix (default "/ringipam/"),
+//     which callers never see. Several installations can share one cluster
+//     with different prefixes.
+//   - Get reads all keys in one transaction (one round trip, one revision);
+//     Scan is a sorted range read, paged at one revision when large;
+//     Commit is one transaction whose conditions are Version(k) = 0 for
+//     "absent" and ModRevision(k) = rev otherwise. A failed condition writes
+//     nothing and returns an error wrapping store.ErrConflict.
+//   - Revisions are etcd's ModRevision: they only grow, and all keys of one
+//     commit share one.
+//   - Timeouts: New does not block on the network (the client dials lazily,
+//     except with Username set, where it authenticates within DialTimeout).
+//     Every call runs under RequestTimeout (or the caller's earlier deadline),
+//     so an unreachable cluster costs at most that long.
+//   - Errors: an unreachable cluster, a missing leader or a timeout returns an
+//     error wrapping store.ErrUnavailable that lists the endpoints; a caller's
+//     cancellation returns an error wrapping context.Canceled; oversized
+//     transactions wrap store.ErrTooLarge.
+//   - A Store is safe for concurrent use by many goroutines; it holds one
+//     client connection until Close. The zero value is not usable: call New.
+package etcd
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// Defaults applied by New to zero Config fields.
+const (
+	DefaultPrefix         = "/ringipam/"
+	DefaultDialTimeout    = 5 * time.Second
+	DefaultRequestTimeout = 10 * time.Second
+)
+
+// scanPage is the page size of a large Scan; pages after the first are read
+// at the first page's revision, so the result is one consistent snapshot.
+const scanPage = 1000
+
+// TLS names the PEM files for a TLS connection. CAFile verifies the server
+// (system roots if empty); CertFile and KeyFile, both or neither, are the
+// client certificate.
+type TLS struct {
+	CAFile   string
+	CertFile string
+	KeyFile  string
+}
+
+func (t *TLS) set() bool { return t != nil && (t.CAFile != "" || t.CertFile != "" || t.KeyFile != "") }
+
+// Config configures an etcd store.
+type Config struct {
+	Endpoints      []string // required: "https://10.0.0.1:2379", "127.0.0.1:2379", ...
+	Prefix         string   // key prefix; DefaultPrefix if empty
+	TLS            *TLS     // nil: plain text unless an endpoint is https://
+	Username       string   // optional etcd user
+	Password       string
+	DialTimeout    time.Duration // DefaultDialTimeout if zero
+	RequestTimeout time.Duration // per call; DefaultRequestTimeout if zero
+}
+
+// Store is a store.Store on etcd. See the package doc.
+type Store struct {
+	cli       *clientv3.Client
+	prefix    string
+	timeout   time.Duration
+	endpoints string
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New validates cfg, applies defaults and creates the client. It does not
+// wait for the cluster (unless Username is set).
+func New(cfg Config) (*Store, error) {
+	if len(cfg.Endpoints) == 0 {
+		return nil, errors.New("etcd store: no endpoints")
+	}
+	for _, e := range cfg.Endpoints {
+		if strings.TrimSpace(e) == "" {
+			return nil, errors.New("etcd store: empty endpoint")
+		}
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = DefaultRequestTimeout
+	}
+	if cfg.DialTimeout < 0 || cfg.RequestTimeout < 0 {
+		return nil, errors.New("etcd store: negative timeout")
+	}
+	eps := strings.Join(cfg.Endpoints, ",")
+	ccfg := clientv3.Config{
+		Endpoints:            cfg.Endpoints,
+		DialTimeout:          cfg.DialTimeout,
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: cfg.DialTimeout,
+		Username:             cfg.Username,
+		Password:             cfg.Password,
+		// The CNI plugin's stdout/stderr belong to the runtime: errors are
+		// returned, never logged by the client.
+		Logger: zap.NewNop(),
+	}
+	https := false
+	for _, e := range cfg.Endpoints {
+		if strings.HasPrefix(e, "https://") {
+			https = true
+		}
+	}
+	if cfg.TLS.set() || https {
+		tc, err := tlsConfig(cfg.TLS)
+		if err != nil {
+			return nil, fmt.Errorf("etcd store %s: %w", eps, err)
+		}
+		ccfg.TLS = tc
+	}
+	cli, err := clientv3.New(ccfg)
+	if err != nil {
+		return nil, classify(context.Background(), eps, fmt.Errorf("connect: %w", err))
+	}
+	return &Store{cli: cli, prefix: cfg.Prefix, timeout: cfg.RequestTimeout, endpoints: eps}, nil
+}
+
+func tlsConfig(t *TLS) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if t == nil {
+		return tc, nil
+	}
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		return nil, errors.New("tls: cert and key must be given together")
+	}
+	if t.CertFile != "" {
+		pair, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls: client certificate %s / key %s: %w", t.CertFile, t.KeyFile, err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls: CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls: CA %s: no PEM certificate found", t.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	return tc, nil
+}
+
+// Client returns the underlying etcd client, for components that need more
+// than the store contract (leases, watches). The Store still owns it.
+func (s *Store) Client() *clientv3.Client { return s.cli }
+
+// Prefix returns the key prefix in use.
+func (s *Store) Prefix() string { return s.prefix }
+
+// Get implements store.Store.
+func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
+	out := make([]store.KV, len(keys))
+	for i, k := range keys {
+		out[i].Key = k
+	}
+	if len(keys) == 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	var rev int64
+	for start := 0; start < len(keys); start += store.MaxOps {
+		end := min(start+store.MaxOps, len(keys))
+		gets := make([]clientv3.Op, 0, end-start)
+		for _, k := range keys[start:end] {
+			var opts []clientv3.OpOption
+			if rev != 0 {
+				opts = append(opts, clientv3.WithRev(rev))
+			}
+			gets = append(gets, clientv3.OpGet(s.prefix+k, opts...))
+		}
+		resp, err := s.cli.Txn(ctx).Then(gets...).Commit()
+		if err != nil {
+			return nil, classify(ctx, s.endpoints, fmt.Errorf("get: %w", err))
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for i, r := range resp.Responses {
+			rr := r.GetResponseRange()
+			if rr == nil || len(rr.Kvs) == 0 {
+				continue
+			}
+			kv := rr.Kvs[0]
+			out[start+i].Value, out[start+i].Revision = kv.Value, kv.ModRevision
+		}
+	}
+	return out, nil
+}
+
+// Scan implements store.Store.
+func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
+	if to <= from {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	var out []store.KV
+	var rev int64
+	key, end := s.prefix+from, s.prefix+to
+	for {
+		page := scanPage
+		if limit > 0 && limit-len(out) < page {
+			page = limit - len(out)
+		}
+		opts := []clientv3.OpOption{
+			clientv3.WithRange(end),
+			clientv3.WithLimit(int64(page)),
+			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
+		}
+		if rev != 0 {
+			opts = append(opts, clientv3.WithRev(rev))
+		}
+		resp, err := s.cli.Get(ctx, key, opts...)
+		if err != nil {
+			return nil, classify(ctx, s.endpoints, fmt.Errorf("scan: %w", err))
+		}
+		if rev == 0 {
+			rev = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			out = append(out, store.KV{Key: string(kv.Key[len(s.prefix):]), Value: kv.Value, Revision: kv.ModRevision})
+		}
+		if !resp.More || len(resp.Kvs) == 0 || (limit > 0 && len(out) >= limit) {
+			return out, nil
+		}
+		key = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// Commit implements store.Store.
+func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
+	if err := store.CheckCommit(conds, ops); err != nil {
+		return fmt.Errorf("etcd store: %w", err)
+	}
+	cmps := make([]clientv3.Cmp, 0, len(conds))
+	for _, c := range conds {
+		k := s.prefix + c.Key
+		if c.Revision == 0 {
+			cmps = append(cmps, clientv3.Compare(clientv3.Version(k), "=", 0))
+		} else {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", c.Revision))
+		}
+	}
+	writes := make([]clientv3.Op, 0, len(ops))
+	for _, o := range ops {
+		if o.Delete {
+			writes = append(writes, clientv3.OpDelete(s.prefix+o.Key))
+		} else {
+			writes = append(writes, clientv3.OpPut(s.prefix+o.Key, string(o.Value)))
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(writes...).Commit()
+	if err != nil {
+		return classify(ctx, s.endpoints, fmt.Errorf("commit: %w", err))
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w (etcd revision %d)", store.ErrConflict, resp.Header.Revision)
+	}
+	return nil
+}
+
+// Ping checks that the cluster answers a linearizable read (so it has a
+// leader and a quorum) within the request timeout.
+func (s *Store) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	if _, err := s.cli.Get(ctx, s.prefix, clientv3.WithCountOnly()); err != nil {
+		return classify(ctx, s.endpoints, fmt.Errorf("ping: %w", err))
+	}
+	return nil
+}
+
+// Close implements store.Store: it closes the client connection.
+func (s *Store) Close() error {
+	if err := s.cli.Close(); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("etcd store %s: close: %w", s.endpoints, err)
+	}
+	return nil
+}
+
+// classify wraps err with the store's sentinels: unreachable, timed out or
+// leaderless clusters become store.ErrUnavailable; too many operations or too
+// large a request become store.ErrTooLarge; a caller's cancellation stays a
+// context.Canceled error.
+func classify(ctx context.Context, endpoints string, err error) error {
+	if errors.Is(err, context.Canceled) || (ctx.Err() != nil && errors.Is(ctx.Err(), context.Canceled)) {
+		return fmt.Errorf("etcd store %s: %w", endpoints, err)
+	}
+	code := codes.Unknown
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		code = ee.Code()
+	} else if st, ok := status.FromError(err); ok {
+		code = st.Code()
+	}
+	switch {
+	case errors.Is(err, rpctypes.ErrTooManyOps), errors.Is(err, rpctypes.ErrRequestTooLarge):
+		return fmt.Errorf("%w: etcd store %s: %w", store.ErrTooLarge, endpoints, err)
+	case errors.Is(err, context.DeadlineExceeded),
+		code == codes.Unavailable, code == codes.DeadlineExceeded, code == codes.ResourceExhausted:
+		return fmt.Errorf("%w: etcd at %s not reachable or without leader: %w", store.ErrUnavailable, endpoints, err)
+	default:
+		return fmt.Errorf("etcd store %s: %w", endpoints, err)
+	}
+}

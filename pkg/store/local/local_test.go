@@ -1,0 +1,300 @@
+package local_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/local"
+	"github.com/ringipam/ringipam/pkg/store/storetest"
+)
+
+func newAt(t testing.TB, path string) *local.Store {
+	t.Helper()
+	s, err := local.New(local.Config{Path: path, OpenTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("local.New: %v", err)
+	}
+	return s
+}
+
+func TestContract(t *testing.T) {
+	storetest.Run(t,
+		func(t *testing.T) store.Store { return newAt(t, filepath.Join(t.TempDir(), "store.db")) },
+		storetest.Persistent(func(t *testing.T) func(t *testing.T) store.Store {
+			path := filepath.Join(t.TempDir(), "sub", "dir", "store.db")
+			return func(t *testing.T) store.Store { return newAt(t, path) }
+		}))
+}
+
+// A prefix keeps two installations in one file apart.
+func TestContractWithPrefix(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store {
+		path := filepath.Join(t.TempDir(), "store.db")
+		other, err := local.New(local.Config{Path: path, Prefix: "other/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Keys of another prefix sort before and after ours.
+		ctx := context.Background()
+		if err := other.Commit(ctx, nil, []store.Op{store.Put("a", []byte("x")), store.Put("\xff", []byte("x"))}); err != nil {
+			t.Fatal(err)
+		}
+		s, err := local.New(local.Config{Path: path, Prefix: "p/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
+
+func TestDirectoryCreatedPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a", "b")
+	s := newAt(t, filepath.Join(dir, "store.db"))
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o700 {
+		t.Errorf("directory mode %v, want 0700", fi.Mode().Perm())
+	}
+	if err := s.Commit(context.Background(), nil, []store.Op{store.Put("k", []byte("v"))}); err != nil {
+		t.Fatal(err)
+	}
+	fi, err = os.Stat(s.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("file mode %v, want 0600", fi.Mode().Perm())
+	}
+}
+
+// A process that holds the file (here: bbolt opened directly, as a stuck
+// process would) makes calls fail with ErrUnavailable naming the file, and
+// they succeed again once it lets go.
+func TestLockHeldElsewhereIsUnavailable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store.db")
+	s, err := local.New(local.Config{Path: path, OpenTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Commit(ctx, nil, []store.Op{store.Put("k", []byte("v"))}); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]func() error{
+		"Commit": func() error { return s.Commit(ctx, nil, []store.Op{store.Put("k", []byte("w"))}) },
+		"Get":    func() error { _, err := s.Get(ctx, "k"); return err },
+		"Scan":   func() error { _, err := s.Scan(ctx, "", "\xff", 0); return err },
+		"Ping":   func() error { return s.Ping(ctx) },
+	}
+	for name, call := range calls {
+		err := call()
+		if !errors.Is(err, store.ErrUnavailable) {
+			t.Errorf("%s while locked: err = %v, want ErrUnavailable", name, err)
+			continue
+		}
+		if !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "another process") {
+			t.Errorf("%s error %q does not name the file and the other process", name, err)
+		}
+	}
+	// The caller's deadline also bounds the wait.
+	dctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	slow, err := local.New(local.Config{Path: path, OpenTimeout: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := slow.Get(dctx, "k"); err == nil {
+		t.Errorf("Get with a short ctx deadline succeeded while the file was locked")
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	kvs, err := s.Get(ctx, "k")
+	if err != nil || string(kvs[0].Value) != "v" {
+		t.Fatalf("after unlock: %v %v", kvs, err)
+	}
+}
+
+// Readers share the file: a reader in another handle holding a read-only
+// open does not block a Get.
+func TestReadersShare(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store.db")
+	s, err := local.New(local.Config{Path: path, OpenTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := s.Commit(ctx, nil, []store.Op{store.Put("k", []byte("v"))}); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 10 * time.Second, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := s.Get(ctx, "k"); err != nil {
+		t.Fatalf("Get beside a reader: %v", err)
+	}
+	if err := s.Commit(ctx, nil, []store.Op{store.Put("k", []byte("w"))}); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Commit beside a reader: err = %v, want ErrUnavailable", err)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	if _, err := local.New(local.Config{Path: filepath.Join(t.TempDir(), "x.db"), OpenTimeout: -time.Second}); err == nil {
+		t.Error("negative timeout accepted")
+	}
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := local.New(local.Config{Path: filepath.Join(file, "store.db")}); err == nil {
+		t.Error("directory under a regular file accepted")
+	}
+	// A file that is not a bbolt database is an error, not "absent".
+	junk := filepath.Join(t.TempDir(), "junk.db")
+	if err := os.WriteFile(junk, []byte(strings.Repeat("not bolt ", 1000)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s := newAt(t, junk)
+	if _, err := s.Get(context.Background(), "k"); err == nil || errors.Is(err, store.ErrUnavailable) {
+		t.Errorf("Get on a corrupt file: err = %v, want a plain error", err)
+	}
+}
+
+// Several processes (this test binary re-executed) and this process commit
+// compare-and-swap increments to one file at once; none may be lost.
+const (
+	childEnv  = "RINGIPAM_LOCAL_CHILD_PATH"
+	procs     = 4
+	perProc   = 40
+	inProcess = 40
+)
+
+func TestMultiProcessIncrements(t *testing.T) {
+	if path := os.Getenv(childEnv); path != "" {
+		childIncrement(t, path)
+		return
+	}
+	path := filepath.Join(t.TempDir(), "store.db")
+	type result struct {
+		n   int
+		err error
+	}
+	results := make(chan result, procs+1)
+	var wg sync.WaitGroup
+	for range procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestMultiProcessIncrements$", "-test.v")
+			cmd.Env = append(os.Environ(), childEnv+"="+path)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				results <- result{err: fmt.Errorf("child: %w\n%s", err, out)}
+				return
+			}
+			sc := bufio.NewScanner(strings.NewReader(string(out)))
+			for sc.Scan() {
+				if v, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "CHILD-DONE "); ok {
+					n, err := strconv.Atoi(v)
+					results <- result{n: n, err: err}
+					return
+				}
+			}
+			results <- result{err: fmt.Errorf("child printed no count:\n%s", out)}
+		}()
+	}
+	// This process plays the long-running driver on the same file.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s := newAt(t, path)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		n := 0
+		for range inProcess {
+			if _, err := storetest.Increment(ctx, s, "counter"); err != nil {
+				results <- result{n: n, err: err}
+				return
+			}
+			n++
+		}
+		results <- result{n: n}
+	}()
+	wg.Wait()
+	close(results)
+	total := 0
+	for r := range results {
+		if r.err != nil {
+			t.Error(r.err)
+		}
+		total += r.n
+	}
+	if t.Failed() {
+		return
+	}
+	kvs, err := newAt(t, path).Get(context.Background(), "counter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := string(kvs[0].Value); got != strconv.Itoa(total) || total != procs*perProc+inProcess {
+		t.Fatalf("counter = %s after %d reported increments, want %d", got, total, procs*perProc+inProcess)
+	}
+}
+
+func childIncrement(t *testing.T, path string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	n := 0
+	for range perProc {
+		// A new Store per increment, as a CNI plugin process would have.
+		if _, err := storetest.Increment(ctx, newAt(t, path), "counter"); err != nil {
+			t.Fatalf("increment %d: %v", n, err)
+		}
+		n++
+	}
+	fmt.Printf("CHILD-DONE %d\n", n)
+}
+
+func BenchmarkCommit(b *testing.B) {
+	storetest.BenchmarkCommit(b, newAt(b, filepath.Join(b.TempDir(), "store.db")))
+}
+
+func BenchmarkGetCommit(b *testing.B) {
+	storetest.BenchmarkGetCommit(b, newAt(b, filepath.Join(b.TempDir(), "store.db")))
+}
+
+func BenchmarkGet(b *testing.B) {
+	s := newAt(b, filepath.Join(b.TempDir(), "store.db"))
+	ctx := context.Background()
+	if err := s.Commit(ctx, nil, []store.Op{store.Put("k", []byte("v"))}); err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := s.Get(ctx, "k"); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

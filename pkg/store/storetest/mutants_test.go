@@ -1,0 +1,125 @@
+package storetest_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/memory"
+	"github.com/ringipam/ringipam/pkg/store/storetest"
+)
+
+// The suite must be able to fail: each mutant below breaks one promise of
+// the contract, and running the suite against it in a child process must
+// fail in the subtest that guards that promise.
+
+const mutantEnv = "RINGIPAM_STORETEST_MUTANT"
+
+type mutant struct {
+	*memory.Store
+	commit func(m *memory.Store, ctx context.Context, conds []store.Cond, ops []store.Op) error
+	scan   func(kvs []store.KV, limit int) []store.KV
+}
+
+func (m mutant) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
+	if m.commit != nil {
+		return m.commit(m.Store, ctx, conds, ops)
+	}
+	return m.Store.Commit(ctx, conds, ops)
+}
+
+func (m mutant) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
+	if m.scan == nil {
+		return m.Store.Scan(ctx, from, to, limit)
+	}
+	kvs, err := m.Store.Scan(ctx, from, to, 0)
+	if err != nil {
+		return nil, err
+	}
+	return m.scan(kvs, limit), nil
+}
+
+var mutants = map[string]struct {
+	make     func() store.Store
+	failures []string // subtests that must fail
+}{
+	"ignores conditions": {
+		func() store.Store {
+			return mutant{Store: memory.New(), commit: func(m *memory.Store, ctx context.Context, _ []store.Cond, ops []store.Op) error {
+				return m.Commit(ctx, nil, ops)
+			}}
+		},
+		[]string{"CreateIfAbsent", "StaleConditionWritesNothing", "ConcurrentCASIncrements"},
+	},
+	"writes before checking": {
+		func() store.Store {
+			return mutant{Store: memory.New(), commit: func(m *memory.Store, ctx context.Context, conds []store.Cond, ops []store.Op) error {
+				if err := m.Commit(ctx, nil, ops[:len(ops)/2]); err != nil {
+					return err
+				}
+				return m.Commit(ctx, conds, ops[len(ops)/2:])
+			}}
+		},
+		[]string{"StaleConditionWritesNothing"},
+	},
+	"scan unsorted and unlimited": {
+		func() store.Store {
+			return mutant{Store: memory.New(), scan: func(kvs []store.KV, _ int) []store.KV {
+				slices.Reverse(kvs)
+				return kvs
+			}}
+		},
+		[]string{"ScanOrderBoundsLimit", "ScanBinaryKeysAndPrefixEnd"},
+	},
+	"no size limit": {
+		func() store.Store {
+			return mutant{Store: memory.New(), commit: func(m *memory.Store, ctx context.Context, conds []store.Cond, ops []store.Op) error {
+				for len(conds)+len(ops) > store.MaxOps {
+					if err := m.Commit(ctx, nil, ops[:1]); err != nil {
+						return err
+					}
+					ops = ops[1:]
+				}
+				return m.Commit(ctx, conds, ops)
+			}}
+		},
+		[]string{"CommitLimits"},
+	},
+}
+
+func TestMutantChild(t *testing.T) {
+	name := os.Getenv(mutantEnv)
+	if name == "" {
+		return // only meaningful in a child started by TestSuiteCatchesMutants
+	}
+	m := mutants[name]
+	storetest.Run(t, func(*testing.T) store.Store { return m.make() }, storetest.Concurrency(8, 10))
+}
+
+func TestSuiteCatchesMutants(t *testing.T) {
+	if os.Getenv(mutantEnv) != "" {
+		return
+	}
+	for name, m := range mutants {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestMutantChild$", "-test.v", "-test.timeout=2m")
+			cmd.Env = append(os.Environ(), mutantEnv+"="+name)
+			out, err := cmd.CombinedOutput()
+			if err == nil {
+				t.Fatalf("the suite passed a store that %s:\n%s", name, out)
+			}
+			for _, sub := range m.failures {
+				if !strings.Contains(string(out), "--- FAIL: TestMutantChild/"+sub+" ") {
+					t.Errorf("subtest %s did not catch a store that %s", sub, name)
+				}
+			}
+			if t.Failed() {
+				t.Logf("child output:\n%s", out)
+			}
+		})
+	}
+}

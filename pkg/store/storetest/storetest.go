@@ -1,0 +1,693 @@
+// Package storetest is the one conformance suite every store.Store backend
+// must pass, plus a small commit benchmark.
+//
+// Run executes table-driven subtests against fresh stores obtained from the
+// caller's open function (each subtest gets its own, empty store). Backends
+// that persist, or that several handles (processes) may share, pass the
+// Persistent option so that Run also checks reopening and cross-handle
+// consistency. The suite uses only the store contract; it never sleeps to
+// wait for something and bounds every loop.
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+
+	"github.com/ringipam/ringipam/pkg/retry"
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// Option adjusts Run.
+type Option func(*options)
+
+type options struct {
+	location func(t *testing.T) func(t *testing.T) store.Store
+	workers  int
+	perWork  int
+}
+
+// Persistent enables the persistence and multi-handle subtests. location is
+// called once per subtest to create a fresh durable location (a temp file, a
+// fresh key prefix) and returns a function that opens a new, independent
+// handle on that location each time it is called. Handles are closed by the
+// suite.
+func Persistent(location func(t *testing.T) func(t *testing.T) store.Store) Option {
+	return func(o *options) { o.location = location }
+}
+
+// Concurrency sets the goroutines and increments per goroutine of the
+// concurrent compare-and-swap subtests (default 8 x 25).
+func Concurrency(workers, each int) Option {
+	return func(o *options) { o.workers, o.perWork = workers, each }
+}
+
+// testTimeout bounds every subtest's store calls.
+const testTimeout = 2 * time.Minute
+
+func ctxFor(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// Run runs the conformance suite. open must return a new, empty store each
+// time it is called; Run closes it.
+func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
+	o := options{workers: 8, perWork: 25}
+	for _, f := range opts {
+		f(&o)
+	}
+	fresh := func(t *testing.T) store.Store {
+		s := open(t)
+		t.Cleanup(func() {
+			if err := s.Close(); err != nil {
+				t.Errorf("Close: %v", err)
+			}
+		})
+		return s
+	}
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, s store.Store)
+	}{
+		{"AbsentKeysHaveRevisionZero", testAbsent},
+		{"PutThenGet", testPutGet},
+		{"ValuesAreCopied", testCopies},
+		{"RevisionsGrow", testRevisions},
+		{"CreateIfAbsent", testCreateIfAbsent},
+		{"StaleConditionWritesNothing", testStaleAtomic},
+		{"Delete", testDelete},
+		{"EmptyCommit", testEmptyCommit},
+		{"MultiGetIsConsistent", testMultiGetConsistent},
+		{"ScanOrderBoundsLimit", testScan},
+		{"ScanBinaryKeysAndPrefixEnd", testScanBinary},
+		{"CommitLimits", testLimits},
+		{"CanceledContext", testCanceled},
+		{"LargeValue", testLargeValue},
+		{"ConcurrentCASIncrements", func(t *testing.T, s store.Store) {
+			counterRace(t, []store.Store{s}, o.workers, o.perWork)
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) { tc.fn(t, fresh(t)) })
+	}
+	if o.location == nil {
+		return
+	}
+	handle := func(t *testing.T, openAt func(t *testing.T) store.Store) store.Store {
+		s := openAt(t)
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	t.Run("ReopenKeepsData", func(t *testing.T) {
+		openAt := o.location(t)
+		testReopen(t, openAt)
+	})
+	t.Run("HandlesSeeEachOther", func(t *testing.T) {
+		openAt := o.location(t)
+		testHandles(t, handle(t, openAt), handle(t, openAt))
+	})
+	t.Run("ConcurrentCASAcrossHandles", func(t *testing.T) {
+		openAt := o.location(t)
+		var ss []store.Store
+		for range 4 {
+			ss = append(ss, handle(t, openAt))
+		}
+		counterRace(t, ss, o.workers, o.perWork)
+	})
+}
+
+func mustCommit(t *testing.T, s store.Store, conds []store.Cond, ops ...store.Op) {
+	t.Helper()
+	if err := s.Commit(ctxFor(t), conds, ops); err != nil {
+		t.Fatalf("Commit(%v, %v): %v", conds, ops, err)
+	}
+}
+
+func mustGet(t *testing.T, s store.Store, keys ...string) []store.KV {
+	t.Helper()
+	kvs, err := s.Get(ctxFor(t), keys...)
+	if err != nil {
+		t.Fatalf("Get(%q): %v", keys, err)
+	}
+	if len(kvs) != len(keys) {
+		t.Fatalf("Get(%q) returned %d entries", keys, len(kvs))
+	}
+	for i, kv := range kvs {
+		if kv.Key != keys[i] {
+			t.Fatalf("Get(%q)[%d].Key = %q, want %q", keys, i, kv.Key, keys[i])
+		}
+	}
+	return kvs
+}
+
+func mustScan(t *testing.T, s store.Store, from, to string, limit int) []store.KV {
+	t.Helper()
+	kvs, err := s.Scan(ctxFor(t), from, to, limit)
+	if err != nil {
+		t.Fatalf("Scan(%q, %q, %d): %v", from, to, limit, err)
+	}
+	return kvs
+}
+
+// view is a KV without its revision, compared with go-cmp.
+type view struct {
+	Key   string
+	Value string
+}
+
+func views(kvs []store.KV) []view {
+	out := make([]view, 0, len(kvs))
+	for _, kv := range kvs {
+		out = append(out, view{kv.Key, string(kv.Value)})
+	}
+	return out
+}
+
+func keysOf(kvs []store.KV) []string {
+	out := make([]string, 0, len(kvs))
+	for _, kv := range kvs {
+		out = append(out, kv.Key)
+	}
+	return out
+}
+
+func testAbsent(t *testing.T, s store.Store) {
+	kvs := mustGet(t, s, "a", "b/c", "a")
+	for _, kv := range kvs {
+		if kv.Revision != 0 || kv.Value != nil || kv.Exists() {
+			t.Errorf("absent key %q read as %+v", kv.Key, kv)
+		}
+	}
+	if kvs := mustGet(t, s); len(kvs) != 0 {
+		t.Errorf("Get() with no keys = %v, want empty", kvs)
+	}
+	if kvs := mustScan(t, s, "", "\xff", 0); len(kvs) != 0 {
+		t.Errorf("Scan of empty store = %v", kvs)
+	}
+}
+
+func testPutGet(t *testing.T, s store.Store) {
+	mustCommit(t, s, nil, store.Put("a", []byte("1")), store.Put("b", []byte{}), store.Put("c", nil))
+	kvs := mustGet(t, s, "c", "missing", "a", "b")
+	if diff := cmp.Diff([]view{{"c", ""}, {"missing", ""}, {"a", "1"}, {"b", ""}}, views(kvs)); diff != "" {
+		t.Errorf("Get after Put (-want +got):\n%s", diff)
+	}
+	for _, i := range []int{0, 2, 3} {
+		if !kvs[i].Exists() || kvs[i].Revision <= 0 {
+			t.Errorf("written key %q reads as absent: %+v", kvs[i].Key, kvs[i])
+		}
+	}
+	if kvs[1].Exists() {
+		t.Errorf("missing key exists: %+v", kvs[1])
+	}
+	// Overwrite.
+	mustCommit(t, s, []store.Cond{store.Unchanged(kvs[2])}, store.Put("a", []byte("2")))
+	if got := mustGet(t, s, "a")[0]; string(got.Value) != "2" || got.Revision <= kvs[2].Revision {
+		t.Errorf("after overwrite a = %+v (was revision %d)", got, kvs[2].Revision)
+	}
+}
+
+func testCopies(t *testing.T, s store.Store) {
+	in := []byte("original")
+	mustCommit(t, s, nil, store.Put("k", in))
+	copy(in, "CHANGED!")
+	got := mustGet(t, s, "k")[0]
+	if string(got.Value) != "original" {
+		t.Fatalf("store kept the caller's slice: %q", got.Value)
+	}
+	copy(got.Value, "MUTATED!")
+	if again := mustGet(t, s, "k")[0]; string(again.Value) != "original" {
+		t.Fatalf("Get returned the store's own slice: %q", again.Value)
+	}
+	sc := mustScan(t, s, "", "\xff", 0)
+	copy(sc[0].Value, "MUTATED!")
+	if again := mustGet(t, s, "k")[0]; string(again.Value) != "original" {
+		t.Fatalf("Scan returned the store's own slice: %q", again.Value)
+	}
+}
+
+func testRevisions(t *testing.T, s store.Store) {
+	mustCommit(t, s, nil, store.Put("a", []byte("1")), store.Put("b", []byte("1")))
+	first := mustGet(t, s, "a", "b")
+	if first[0].Revision != first[1].Revision {
+		t.Errorf("keys of one commit have revisions %d and %d", first[0].Revision, first[1].Revision)
+	}
+	prev := first[0].Revision
+	for i := range 5 {
+		mustCommit(t, s, nil, store.Put("a", []byte(strconv.Itoa(i))))
+		got := mustGet(t, s, "a", "b")
+		if got[0].Revision <= prev {
+			t.Fatalf("commit %d: revision %d did not grow past %d", i, got[0].Revision, prev)
+		}
+		if got[1].Revision != first[1].Revision {
+			t.Fatalf("untouched key b moved from revision %d to %d", first[1].Revision, got[1].Revision)
+		}
+		prev = got[0].Revision
+	}
+	// A commit to another key still moves the store past every earlier revision.
+	mustCommit(t, s, nil, store.Put("c", []byte("x")))
+	if c := mustGet(t, s, "c")[0]; c.Revision <= prev {
+		t.Errorf("new key revision %d not above earlier %d", c.Revision, prev)
+	}
+}
+
+func testCreateIfAbsent(t *testing.T, s store.Store) {
+	ctx := ctxFor(t)
+	create := []store.Cond{{Key: "lock", Revision: 0}}
+	mustCommit(t, s, create, store.Put("lock", []byte("first")))
+	err := s.Commit(ctx, create, []store.Op{store.Put("lock", []byte("second"))})
+	if !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("second create-if-absent: err = %v, want ErrConflict", err)
+	}
+	if got := mustGet(t, s, "lock")[0]; string(got.Value) != "first" {
+		t.Errorf("lock = %q after failed create, want first", got.Value)
+	}
+	// A condition on a revision that never existed also fails.
+	err = s.Commit(ctx, []store.Cond{{Key: "nothing", Revision: 1 << 40}}, []store.Op{store.Put("nothing", []byte("x"))})
+	if !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("condition on a made-up revision: err = %v, want ErrConflict", err)
+	}
+	if got := mustGet(t, s, "nothing")[0]; got.Exists() {
+		t.Errorf("failed commit wrote %+v", got)
+	}
+}
+
+func testStaleAtomic(t *testing.T, s store.Store) {
+	ctx := ctxFor(t)
+	mustCommit(t, s, nil, store.Put("a", []byte("a0")), store.Put("b", []byte("b0")), store.Put("x", []byte("x0")))
+	read := mustGet(t, s, "a", "b", "x", "new")
+	// Someone else moves a.
+	mustCommit(t, s, []store.Cond{store.Unchanged(read[0])}, store.Put("a", []byte("a1")))
+	before := mustScan(t, s, "", "\xff", 0)
+
+	err := s.Commit(ctx,
+		[]store.Cond{store.Unchanged(read[1]), store.Unchanged(read[0]), store.Unchanged(read[3])},
+		[]store.Op{store.Put("b", []byte("b1")), store.Put("new", []byte("n")), store.Delete("x"), store.Put("a", []byte("a2"))})
+	if !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("commit with one stale condition: err = %v, want ErrConflict", err)
+	}
+	after := mustScan(t, s, "", "\xff", 0)
+	if diff := cmp.Diff(before, after); diff != "" {
+		t.Errorf("failed commit changed the store (-before +after):\n%s", diff)
+	}
+	// The same commit with fresh reads succeeds and applies every op.
+	fresh := mustGet(t, s, "a", "b", "new")
+	mustCommit(t, s, []store.Cond{store.Unchanged(fresh[0]), store.Unchanged(fresh[1]), store.Unchanged(fresh[2])},
+		store.Put("b", []byte("b1")), store.Put("new", []byte("n")), store.Delete("x"), store.Put("a", []byte("a2")))
+	want := []view{{"a", "a2"}, {"b", "b1"}, {"new", "n"}}
+	if diff := cmp.Diff(want, views(mustScan(t, s, "", "\xff", 0))); diff != "" {
+		t.Errorf("after fresh commit (-want +got):\n%s", diff)
+	}
+}
+
+func testDelete(t *testing.T, s store.Store) {
+	mustCommit(t, s, nil, store.Put("d", []byte("1")), store.Put("e", []byte("1")))
+	d := mustGet(t, s, "d")[0]
+	mustCommit(t, s, []store.Cond{store.Unchanged(d)}, store.Delete("d"), store.Delete("never-there"))
+	if got := mustGet(t, s, "d", "never-there"); got[0].Exists() || got[1].Exists() {
+		t.Fatalf("deleted keys still read: %+v", got)
+	}
+	if diff := cmp.Diff([]string{"e"}, keysOf(mustScan(t, s, "", "\xff", 0))); diff != "" {
+		t.Errorf("Scan after delete (-want +got):\n%s", diff)
+	}
+	// A stale condition on the deleted key fails; create-if-absent succeeds.
+	err := s.Commit(ctxFor(t), []store.Cond{store.Unchanged(d)}, []store.Op{store.Put("d", []byte("2"))})
+	if !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("condition on deleted key's old revision: err = %v, want ErrConflict", err)
+	}
+	mustCommit(t, s, []store.Cond{{Key: "d", Revision: 0}}, store.Put("d", []byte("3")))
+	if got := mustGet(t, s, "d")[0]; string(got.Value) != "3" || got.Revision <= d.Revision {
+		t.Errorf("recreated d = %+v, old revision %d", got, d.Revision)
+	}
+}
+
+func testEmptyCommit(t *testing.T, s store.Store) {
+	mustCommit(t, s, nil)
+	mustCommit(t, s, []store.Cond{{Key: "k", Revision: 0}})
+	if got := mustScan(t, s, "", "\xff", 0); len(got) != 0 {
+		t.Errorf("empty commits wrote %v", got)
+	}
+}
+
+// testMultiGetConsistent has a writer move two keys together while readers
+// check that one Get never sees them apart.
+func testMultiGetConsistent(t *testing.T, s store.Store) {
+	ctx := ctxFor(t)
+	const writes = 150
+	mustCommit(t, s, nil, store.Put("pair/a", []byte("0")), store.Put("pair/b", []byte("0")))
+	done := make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		defer close(done)
+		for i := 1; i <= writes; i++ {
+			v := []byte(strconv.Itoa(i))
+			if err := s.Commit(ctx, nil, []store.Op{store.Put("pair/a", v), store.Put("pair/b", v)}); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	reads := 0
+	for stop := false; !stop; reads++ {
+		select {
+		case <-done:
+			stop = true // one more read after the last write
+		default:
+		}
+		kvs, err := s.Get(ctx, "pair/a", "unrelated", "pair/b")
+		if err != nil {
+			t.Fatalf("Get: %v", err)
+		}
+		if !bytes.Equal(kvs[0].Value, kvs[2].Value) || kvs[0].Revision != kvs[2].Revision {
+			t.Fatalf("read %d saw a torn pair: a=%q@%d b=%q@%d", reads, kvs[0].Value, kvs[0].Revision, kvs[2].Value, kvs[2].Revision)
+		}
+	}
+	select {
+	case err := <-errc:
+		t.Fatalf("writer: %v", err)
+	default:
+	}
+	if got := mustGet(t, s, "pair/a")[0]; string(got.Value) != strconv.Itoa(writes) {
+		t.Errorf("final pair/a = %q, want %d", got.Value, writes)
+	}
+}
+
+func testScan(t *testing.T, s store.Store) {
+	var ops []store.Op
+	for _, k := range []string{"b/2", "a", "b/10", "b/1", "b", "c", "b/3/x", "ba"} {
+		ops = append(ops, store.Put(k, []byte("v"+k)))
+	}
+	mustCommit(t, s, nil, ops...)
+	tests := []struct {
+		name     string
+		from, to string
+		limit    int
+		want     []string
+	}{
+		{"everything", "", "\xff", 0, []string{"a", "b", "b/1", "b/10", "b/2", "b/3/x", "ba", "c"}},
+		{"negative limit means all", "", "\xff", -1, []string{"a", "b", "b/1", "b/10", "b/2", "b/3/x", "ba", "c"}},
+		{"from is inclusive, to exclusive", "b", "ba", 0, []string{"b", "b/1", "b/10", "b/2", "b/3/x"}},
+		{"prefix", "b/", store.PrefixEnd("b/"), 0, []string{"b/1", "b/10", "b/2", "b/3/x"}},
+		{"limit", "b/", store.PrefixEnd("b/"), 2, []string{"b/1", "b/10"}},
+		{"limit larger than result", "b/", store.PrefixEnd("b/"), 100, []string{"b/1", "b/10", "b/2", "b/3/x"}},
+		{"bounds between keys", "b/11", "b/3", 0, []string{"b/2"}},
+		{"empty range", "b/2", "b/2", 0, nil},
+		{"inverted range", "c", "a", 0, nil},
+		{"past the end", "d", "\xff", 0, nil},
+		{"limit 1", "", "\xff", 1, []string{"a"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := mustScan(t, s, tc.from, tc.to, tc.limit)
+			if diff := cmp.Diff(tc.want, keysOf(got), cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("Scan(%q, %q, %d) keys (-want +got):\n%s", tc.from, tc.to, tc.limit, diff)
+			}
+			for _, kv := range got {
+				if string(kv.Value) != "v"+kv.Key || kv.Revision <= 0 {
+					t.Errorf("Scan returned %+v", kv)
+				}
+			}
+		})
+	}
+	// Scan reports the revision each key was last written at.
+	b1 := mustGet(t, s, "b/1")[0]
+	mustCommit(t, s, nil, store.Put("b/2", []byte("vb/2")))
+	sc := mustScan(t, s, "b/1", "b/20", 0)
+	if sc[0].Revision != b1.Revision || sc[2].Revision <= b1.Revision {
+		t.Errorf("Scan revisions: %+v, b/1 was written at %d", sc, b1.Revision)
+	}
+}
+
+func testScanBinary(t *testing.T, s store.Store) {
+	keys := []string{"\x00", "\x00\x00", "\x01", "p", "p/", "p/\x00", "p/\x7f", "p/\x80", "p/\xfe", "p/\xff", "p/\xff\xff", "p0", "\x7f", "\x80", "\xfe", "\xff", "\xff\x00", "\xff\xff\x01"}
+	var ops []store.Op
+	for _, k := range keys {
+		ops = append(ops, store.Put(k, []byte(k)))
+	}
+	mustCommit(t, s, nil, ops...)
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted) // Go orders strings bytewise, as the contract does
+	tests := []struct {
+		name     string
+		from, to string
+		limit    int
+		want     []string
+	}{
+		{"all in byte order", "", "\xff\xff\xff\xff", 0, sorted},
+		{"high bytes sort after low", "\x7f", "\xff", 0, []string{"\x7f", "\x80", "\xfe"}},
+		{"PrefixEnd of p/ keeps p/\\xff", "p/", store.PrefixEnd("p/"), 0, []string{"p/", "p/\x00", "p/\x7f", "p/\x80", "p/\xfe", "p/\xff", "p/\xff\xff"}},
+		{"PrefixEnd of p/\\xff", "p/\xff", store.PrefixEnd("p/\xff"), 0, []string{"p/\xff", "p/\xff\xff"}},
+		{"PrefixEnd of \\xff", "\xff", store.PrefixEnd("\xff"), 0, []string{"\xff", "\xff\x00", "\xff\xff\x01"}},
+		{"limit over binary keys", "p/", store.PrefixEnd("p/"), 3, []string{"p/", "p/\x00", "p/\x7f"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := mustScan(t, s, tc.from, tc.to, tc.limit)
+			if diff := cmp.Diff(tc.want, keysOf(got)); diff != "" {
+				t.Errorf("Scan(%q, %q, %d) (-want +got):\n%s", tc.from, tc.to, tc.limit, diff)
+			}
+			for _, kv := range got {
+				if string(kv.Value) != kv.Key {
+					t.Errorf("key %q has value %q", kv.Key, kv.Value)
+				}
+			}
+		})
+	}
+}
+
+func testLimits(t *testing.T, s store.Store) {
+	ctx := ctxFor(t)
+	many := func(n int) []store.Op {
+		ops := make([]store.Op, n)
+		for i := range ops {
+			ops[i] = store.Put(fmt.Sprintf("op/%03d", i), []byte("x"))
+		}
+		return ops
+	}
+	err := s.Commit(ctx, nil, many(store.MaxOps+1))
+	if !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("Commit of MaxOps+1 ops: err = %v, want ErrTooLarge", err)
+	}
+	conds := []store.Cond{{Key: "c", Revision: 0}}
+	if err := s.Commit(ctx, conds, many(store.MaxOps)); !errors.Is(err, store.ErrTooLarge) {
+		t.Fatalf("Commit of 1 cond + MaxOps ops: err = %v, want ErrTooLarge", err)
+	}
+	if got := mustScan(t, s, "", "\xff", 0); len(got) != 0 {
+		t.Fatalf("oversized commits wrote %d keys", len(got))
+	}
+	mustCommit(t, s, conds, many(store.MaxOps-1)...)
+	if got := mustScan(t, s, "op/", store.PrefixEnd("op/"), 0); len(got) != store.MaxOps-1 {
+		t.Fatalf("commit of exactly MaxOps entries wrote %d keys, want %d", len(got), store.MaxOps-1)
+	}
+	for _, bad := range []struct {
+		name  string
+		conds []store.Cond
+		ops   []store.Op
+	}{
+		{"empty op key", nil, []store.Op{store.Put("", []byte("x"))}},
+		{"empty delete key", nil, []store.Op{store.Delete("")}},
+		{"empty cond key", []store.Cond{{Key: ""}}, []store.Op{store.Put("ok", []byte("x"))}},
+	} {
+		err := s.Commit(ctx, bad.conds, bad.ops)
+		if err == nil || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrUnavailable) {
+			t.Errorf("%s: err = %v, want a validation error", bad.name, err)
+		}
+	}
+	if got := mustGet(t, s, "ok")[0]; got.Exists() {
+		t.Errorf("invalid commit wrote %+v", got)
+	}
+	// A multi-get larger than MaxOps still reads at one revision.
+	keys := make([]string, 0, 2*store.MaxOps+3)
+	for i := range cap(keys) {
+		keys = append(keys, fmt.Sprintf("op/%03d", i))
+	}
+	kvs := mustGet(t, s, keys...)
+	for i, kv := range kvs {
+		if want := i < store.MaxOps-1; kv.Exists() != want {
+			t.Fatalf("big Get: %q exists=%v, want %v", kv.Key, kv.Exists(), want)
+		}
+	}
+}
+
+func testCanceled(t *testing.T, s store.Store) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Commit(ctx, nil, []store.Op{store.Put("k", []byte("v"))}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Commit with canceled ctx: err = %v, want context.Canceled", err)
+	}
+	if _, err := s.Get(ctx, "k"); !errors.Is(err, context.Canceled) {
+		t.Errorf("Get with canceled ctx: err = %v, want context.Canceled", err)
+	}
+	if _, err := s.Scan(ctx, "", "\xff", 0); !errors.Is(err, context.Canceled) {
+		t.Errorf("Scan with canceled ctx: err = %v, want context.Canceled", err)
+	}
+	if got := mustGet(t, s, "k")[0]; got.Exists() {
+		t.Errorf("canceled commit wrote %+v", got)
+	}
+}
+
+func testLargeValue(t *testing.T, s store.Store) {
+	big := bytes.Repeat([]byte("0123456789abcdef"), 64<<10/16)
+	mustCommit(t, s, nil, store.Put("big", big), store.Put("small", []byte("s")))
+	if got := mustGet(t, s, "big")[0]; !bytes.Equal(got.Value, big) {
+		t.Errorf("64 KiB value came back with %d bytes", len(got.Value))
+	}
+}
+
+// counterRace runs workers goroutines, spread over the given handles, that
+// each add perWorker to one counter by read-compare-swap, retrying on
+// conflict. No update may be lost.
+func counterRace(t *testing.T, handles []store.Store, workers, perWorker int) {
+	ctx := ctxFor(t)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	successes, conflicts := 0, 0
+	for w := range workers {
+		s := handles[w%len(handles)]
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range perWorker {
+				c, err := Increment(ctx, s, "counter")
+				mu.Lock()
+				conflicts += c
+				if err != nil {
+					errs = append(errs, err)
+				} else {
+					successes++
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d increments failed, first: %v", len(errs), errs[0])
+	}
+	got := mustGet(t, handles[0], "counter")[0]
+	n, err := strconv.Atoi(string(got.Value))
+	if err != nil {
+		t.Fatalf("counter value %q: %v", got.Value, err)
+	}
+	if n != successes || n != workers*perWorker {
+		t.Fatalf("counter = %d after %d successful increments, want %d (lost updates)", n, successes, workers*perWorker)
+	}
+	t.Logf("%d increments from %d goroutines on %d handles, %d conflicts retried", n, workers, len(handles), conflicts)
+}
+
+// incrementPolicy retries conflicts patiently: the suite wants every
+// increment to land, not to measure contention.
+var incrementPolicy = retry.Policy{Attempts: 500, BaseDelay: 100 * time.Microsecond, MaxDelay: 5 * time.Millisecond}
+
+// Increment adds one to the decimal counter at key with a conditional
+// commit, retrying conflicts a bounded number of times. It returns how many
+// conflicts it met. Exported for multi-process tests of backends.
+func Increment(ctx context.Context, s store.Store, key string) (conflicts int, err error) {
+	err = retry.Do(ctx, incrementPolicy, func(err error) bool { return errors.Is(err, store.ErrConflict) }, func(int) error {
+		kvs, err := s.Get(ctx, key)
+		if err != nil {
+			return err
+		}
+		n := 0
+		if kvs[0].Exists() {
+			if n, err = strconv.Atoi(string(kvs[0].Value)); err != nil {
+				return fmt.Errorf("counter %q: %w", kvs[0].Value, err)
+			}
+		}
+		// Let other goroutines in between read and write: a store that loses
+		// updates must get the chance to show it.
+		runtime.Gosched()
+		err = s.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put(key, []byte(strconv.Itoa(n+1)))})
+		if errors.Is(err, store.ErrConflict) {
+			conflicts++
+		}
+		return err
+	})
+	return conflicts, err
+}
+
+func testReopen(t *testing.T, openAt func(t *testing.T) store.Store) {
+	s := openAt(t)
+	mustCommit(t, s, nil, store.Put("keep", []byte("me")), store.Put("gone", []byte("x")))
+	mustCommit(t, s, nil, store.Delete("gone"))
+	before := mustGet(t, s, "keep")[0]
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	s2 := openAt(t)
+	t.Cleanup(func() { s2.Close() })
+	got := mustGet(t, s2, "keep", "gone")
+	if got[0].Revision != before.Revision || string(got[0].Value) != "me" || got[1].Exists() {
+		t.Fatalf("after reopen: %+v, before: %+v", got, before)
+	}
+	mustCommit(t, s2, []store.Cond{store.Unchanged(got[0])}, store.Put("keep", []byte("again")))
+	if after := mustGet(t, s2, "keep")[0]; after.Revision <= before.Revision {
+		t.Fatalf("revision after reopen %d not above %d: the counter was not persisted", after.Revision, before.Revision)
+	}
+}
+
+func testHandles(t *testing.T, a, b store.Store) {
+	mustCommit(t, a, nil, store.Put("k", []byte("from a")))
+	got := mustGet(t, b, "k")[0]
+	if string(got.Value) != "from a" {
+		t.Fatalf("handle b reads %q", got.Value)
+	}
+	mustCommit(t, b, []store.Cond{store.Unchanged(got)}, store.Put("k", []byte("from b")))
+	err := a.Commit(ctxFor(t), []store.Cond{store.Unchanged(got)}, []store.Op{store.Put("k", []byte("stale a"))})
+	if !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("stale commit through the other handle: err = %v, want ErrConflict", err)
+	}
+	if diff := cmp.Diff([]view{{"k", "from b"}}, views(mustScan(t, a, "", "\xff", 0))); diff != "" {
+		t.Errorf("handle a scan (-want +got):\n%s", diff)
+	}
+}
+
+// BenchmarkCommit measures one create-if-absent commit of a small value that
+// also deletes the key written 1024 commits earlier: the shape of one
+// allocation plus one release, on a store of bounded size. Run it from a
+// backend's benchmark with a fresh store.
+func BenchmarkCommit(b *testing.B, s store.Store) {
+	const live = 1024
+	ctx := context.Background()
+	val := bytes.Repeat([]byte("x"), 64)
+	key := func(i int) string { return fmt.Sprintf("bench/%010d", i) }
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		k := key(i)
+		ops := []store.Op{store.Put(k, val)}
+		if i >= live {
+			ops = append(ops, store.Delete(key(i-live)))
+		}
+		if err := s.Commit(ctx, []store.Cond{{Key: k}}, ops); err != nil {
+			b.Fatalf("Commit: %v", err)
+		}
+	}
+}
+
+// BenchmarkGetCommit measures the read-then-conditional-write cycle of one
+// update on a hot key from one goroutine.
+func BenchmarkGetCommit(b *testing.B, s store.Store) {
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Increment(ctx, s, "bench/counter"); err != nil {
+			b.Fatalf("Increment: %v", err)
+		}
+	}
+}

@@ -1,0 +1,249 @@
+// Package storeconfig is the one place where a store is described in JSON
+// (in a CNI network config, the Docker driver's config or ringctl's flags)
+// and turned into a store.Store.
+//
+// The JSON shape is
+//
+//	{"type": "local", "path": "/var/lib/ringipam/store.db", "openTimeout": "5s"}
+//	{"type": "etcd", "endpoints": ["https://10.0.0.1:2379"], "prefix": "/ringipam/",
+//	 "tls": {"ca": "/etc/ringipam/ca.pem", "cert": "...", "key": "..."},
+//	 "username": "", "password": "", "dialTimeout": "5s", "requestTimeout": "10s"}
+//
+// Durations are Go duration strings ("1.5s", "300ms") or integer seconds.
+// An empty type means "local". Validate reports every problem of a Config
+// at once, as one error; Open validates, applies the backends' defaults and
+// returns the store. Config values are plain data: copy them freely; the
+// zero value is a valid local store at the default path.
+package storeconfig
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/etcd"
+	"github.com/ringipam/ringipam/pkg/store/local"
+)
+
+// Store types.
+const (
+	TypeLocal = "local"
+	TypeEtcd  = "etcd"
+)
+
+// ErrInvalid is wrapped by every error of Validate (and of Open when the
+// config is at fault), so that front ends can map it to "bad config".
+var ErrInvalid = errors.New("invalid store config")
+
+// Duration is a time.Duration that reads from JSON as a Go duration string
+// or as a number of seconds, and writes as a duration string.
+type Duration time.Duration
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	b = bytes.TrimSpace(b)
+	if bytes.Equal(b, []byte("null")) {
+		return nil
+	}
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		if s == "" {
+			*d = 0
+			return nil
+		}
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			if n, nerr := strconv.ParseInt(s, 10, 64); nerr == nil {
+				*d = Duration(time.Duration(n) * time.Second)
+				return nil
+			}
+			return fmt.Errorf("duration %q: want a Go duration such as \"5s\" or a number of seconds", s)
+		}
+		*d = Duration(v)
+		return nil
+	}
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil {
+		return fmt.Errorf("duration %s: want a Go duration such as \"5s\" or an integer number of seconds", b)
+	}
+	if n > int64(time.Duration(1<<63-1)/time.Second) || n < -int64(time.Duration(1<<63-1)/time.Second) {
+		return fmt.Errorf("duration %d seconds is out of range", n)
+	}
+	*d = Duration(time.Duration(n) * time.Second)
+	return nil
+}
+
+// MarshalJSON implements json.Marshaler.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return json.Marshal(time.Duration(d).String())
+}
+
+// TLS names the PEM files of an etcd TLS connection.
+type TLS struct {
+	CA   string `json:"ca,omitempty"`
+	Cert string `json:"cert,omitempty"`
+	Key  string `json:"key,omitempty"`
+}
+
+// Config selects and configures a store.
+type Config struct {
+	Type string `json:"type,omitempty"` // "local" (default) or "etcd"
+
+	// local
+	Path        string   `json:"path,omitempty"`        // default /var/lib/ringipam/store.db
+	OpenTimeout Duration `json:"openTimeout,omitempty"` // default 5s
+
+	// etcd
+	Endpoints      []string `json:"endpoints,omitempty"`
+	Prefix         string   `json:"prefix,omitempty"` // default /ringipam/
+	TLS            *TLS     `json:"tls,omitempty"`
+	Username       string   `json:"username,omitempty"`
+	Password       string   `json:"password,omitempty"`
+	DialTimeout    Duration `json:"dialTimeout,omitempty"`    // default 5s
+	RequestTimeout Duration `json:"requestTimeout,omitempty"` // default 10s
+}
+
+// Parse decodes a JSON store config, rejecting unknown fields, and
+// validates it.
+func Parse(data []byte) (Config, error) {
+	var c Config
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// Validate reports all problems of c in one error wrapping ErrInvalid.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	for name, d := range map[string]Duration{"openTimeout": c.OpenTimeout, "dialTimeout": c.DialTimeout, "requestTimeout": c.RequestTimeout} {
+		if d < 0 {
+			bad("%s %s is negative", name, time.Duration(d))
+		}
+	}
+	switch c.Type {
+	case "", TypeLocal:
+		if len(c.Endpoints) > 0 || (c.TLS != nil && *c.TLS != (TLS{})) || c.Username != "" || c.Password != "" {
+			bad(`endpoints, tls, username and password belong to type "etcd", not "local"`)
+		}
+		if strings.ContainsRune(c.Path, 0) {
+			bad("path contains a NUL byte")
+		} else if c.Path != "" && !filepath.IsAbs(c.Path) {
+			bad("path %q must be absolute (plugins run with an unknown working directory)", c.Path)
+		}
+	case TypeEtcd:
+		if c.Path != "" {
+			bad(`path belongs to type "local", not "etcd"`)
+		}
+		if len(c.Endpoints) == 0 {
+			bad(`type "etcd" needs at least one endpoint, e.g. "endpoints": ["https://10.0.0.1:2379"]`)
+		}
+		for _, e := range c.Endpoints {
+			if err := checkEndpoint(e); err != nil {
+				bad("endpoint %q: %v", e, err)
+			}
+		}
+		if c.TLS != nil && (c.TLS.Cert == "") != (c.TLS.Key == "") {
+			bad("tls: cert and key must be given together")
+		}
+		if c.Password != "" && c.Username == "" {
+			bad("password given without username")
+		}
+	default:
+		bad(`unknown type %q: want "local" or "etcd"`, c.Type)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+}
+
+func checkEndpoint(e string) error {
+	if e == "" || strings.TrimSpace(e) != e {
+		return errors.New("empty or padded with spaces")
+	}
+	if strings.HasPrefix(e, "unix://") || strings.HasPrefix(e, "unixs://") {
+		return nil
+	}
+	hostport := e
+	if strings.Contains(e, "://") {
+		u, err := url.Parse(e)
+		if err != nil {
+			return err
+		}
+		if u.Scheme != "http" && u.Scheme != "https" {
+			return fmt.Errorf("scheme %q: want http, https or unix", u.Scheme)
+		}
+		if u.Path != "" && u.Path != "/" {
+			return fmt.Errorf("unexpected path %q", u.Path)
+		}
+		hostport = u.Host
+	}
+	i := strings.LastIndexByte(hostport, ':')
+	if i <= 0 {
+		return errors.New("want host:port")
+	}
+	if p, err := strconv.Atoi(hostport[i+1:]); err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("bad port %q", hostport[i+1:])
+	}
+	return nil
+}
+
+// Open validates c and opens the store it describes. A local store is
+// cheap (no file is opened until the first call); an etcd store holds a
+// client connection until Close.
+func Open(c Config) (store.Store, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	switch c.Type {
+	case TypeEtcd:
+		cfg := etcd.Config{
+			Endpoints:      c.Endpoints,
+			Prefix:         c.Prefix,
+			Username:       c.Username,
+			Password:       c.Password,
+			DialTimeout:    time.Duration(c.DialTimeout),
+			RequestTimeout: time.Duration(c.RequestTimeout),
+		}
+		if c.TLS != nil {
+			cfg.TLS = &etcd.TLS{CAFile: c.TLS.CA, CertFile: c.TLS.Cert, KeyFile: c.TLS.Key}
+		}
+		return etcd.New(cfg)
+	default:
+		return local.New(local.Config{Path: c.Path, OpenTimeout: time.Duration(c.OpenTimeout), Prefix: c.Prefix})
+	}
+}
+
+// Describe returns a one-line description for logs and STATUS messages,
+// without secrets.
+func (c Config) Describe() string {
+	if c.Type == TypeEtcd {
+		p := c.Prefix
+		if p == "" {
+			p = etcd.DefaultPrefix
+		}
+		return fmt.Sprintf("etcd %s prefix %s", strings.Join(c.Endpoints, ","), p)
+	}
+	p := c.Path
+	if p == "" {
+		p = local.DefaultPath
+	}
+	return "local " + p
+}

@@ -1,0 +1,171 @@
+package storeconfig_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/etcd"
+	"github.com/ringipam/ringipam/pkg/store/local"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name string
+		json string
+		want storeconfig.Config
+	}{
+		{"empty is local", `{}`, storeconfig.Config{}},
+		{"local with duration string", `{"type":"local","path":"/tmp/x.db","openTimeout":"1.5s"}`,
+			storeconfig.Config{Type: "local", Path: "/tmp/x.db", OpenTimeout: storeconfig.Duration(1500 * time.Millisecond)}},
+		{"integer seconds", `{"openTimeout":7}`, storeconfig.Config{OpenTimeout: storeconfig.Duration(7 * time.Second)}},
+		{"quoted integer seconds", `{"openTimeout":"7"}`, storeconfig.Config{OpenTimeout: storeconfig.Duration(7 * time.Second)}},
+		{"null duration", `{"openTimeout":null}`, storeconfig.Config{}},
+		{"etcd full", `{"type":"etcd","endpoints":["https://10.0.0.1:2379","10.0.0.2:2379","http://[fd00::1]:2379"],"prefix":"/x/",
+			"tls":{"ca":"/ca.pem","cert":"/c.pem","key":"/k.pem"},"username":"u","password":"p","dialTimeout":"2s","requestTimeout":3}`,
+			storeconfig.Config{Type: "etcd", Endpoints: []string{"https://10.0.0.1:2379", "10.0.0.2:2379", "http://[fd00::1]:2379"}, Prefix: "/x/",
+				TLS: &storeconfig.TLS{CA: "/ca.pem", Cert: "/c.pem", Key: "/k.pem"}, Username: "u", Password: "p",
+				DialTimeout: storeconfig.Duration(2 * time.Second), RequestTimeout: storeconfig.Duration(3 * time.Second)}},
+		{"etcd unix socket", `{"type":"etcd","endpoints":["unix:///run/etcd.sock"]}`,
+			storeconfig.Config{Type: "etcd", Endpoints: []string{"unix:///run/etcd.sock"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := storeconfig.Parse([]byte(tc.json))
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Parse (-want +got):\n%s", diff)
+			}
+			// Round trip through Marshal.
+			b, err := json.Marshal(got)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := storeconfig.Parse(b)
+			if err != nil {
+				t.Fatalf("re-Parse of %s: %v", b, err)
+			}
+			if diff := cmp.Diff(got, again); diff != "" {
+				t.Errorf("round trip (-first +second):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestParseErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		json string
+		want []string // substrings of the error
+	}{
+		{"unknown type", `{"type":"consul"}`, []string{`unknown type "consul"`}},
+		{"unknown field", `{"type":"local","paht":"/x"}`, []string{"paht"}},
+		{"bad duration", `{"openTimeout":"5 sec"}`, []string{`"5 sec"`}},
+		{"fractional seconds", `{"openTimeout":1.5}`, []string{"1.5"}},
+		{"negative duration", `{"openTimeout":"-1s"}`, []string{"openTimeout -1s is negative"}},
+		{"relative path", `{"path":"store.db"}`, []string{"absolute"}},
+		{"etcd without endpoints", `{"type":"etcd"}`, []string{"at least one endpoint"}},
+		{"etcd bad endpoints", `{"type":"etcd","endpoints":["ftp://x:1","10.0.0.1","h:99999"," h:1"]}`,
+			[]string{`"ftp://x:1"`, `"10.0.0.1": want host:port`, `bad port "99999"`, "spaces"}},
+		{"etcd cert without key", `{"type":"etcd","endpoints":["h:1"],"tls":{"cert":"/c"}}`, []string{"cert and key"}},
+		{"etcd password without user", `{"type":"etcd","endpoints":["h:1"],"password":"p"}`, []string{"without username"}},
+		{"etcd with path", `{"type":"etcd","endpoints":["h:1"],"path":"/x"}`, []string{`path belongs to type "local"`}},
+		{"local with endpoints", `{"endpoints":["h:1"]}`, []string{`belong to type "etcd"`}},
+		{"all problems at once", `{"type":"etcd","dialTimeout":"-1s","tls":{"key":"/k"}}`,
+			[]string{"dialTimeout", "endpoint", "cert and key"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := storeconfig.Parse([]byte(tc.json))
+			if !errors.Is(err, storeconfig.ErrInvalid) {
+				t.Fatalf("Parse(%s): err = %v, want ErrInvalid", tc.json, err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestOpen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "s", "store.db")
+	s, err := storeconfig.Open(storeconfig.Config{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ls, ok := s.(*local.Store)
+	if !ok || ls.Path() != path {
+		t.Fatalf("Open(local) = %T %v", s, s)
+	}
+	ctx := context.Background()
+	if err := s.Commit(ctx, nil, []store.Op{store.Put("k", []byte("v"))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := store.Ping(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+
+	e, err := storeconfig.Open(storeconfig.Config{Type: "etcd", Endpoints: []string{"127.0.0.1:1"},
+		DialTimeout: storeconfig.Duration(100 * time.Millisecond), RequestTimeout: storeconfig.Duration(200 * time.Millisecond)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	if es, ok := e.(*etcd.Store); !ok || es.Prefix() != etcd.DefaultPrefix {
+		t.Fatalf("Open(etcd) = %T", e)
+	}
+	if err := store.Ping(ctx, e); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("Ping of nothing: %v", err)
+	}
+
+	if _, err := storeconfig.Open(storeconfig.Config{Type: "nope"}); !errors.Is(err, storeconfig.ErrInvalid) {
+		t.Fatalf("Open(bad type) err = %v", err)
+	}
+}
+
+func TestDescribe(t *testing.T) {
+	for _, tc := range []struct {
+		c    storeconfig.Config
+		want string
+	}{
+		{storeconfig.Config{}, "local /var/lib/ringipam/store.db"},
+		{storeconfig.Config{Type: "etcd", Endpoints: []string{"a:1", "b:2"}, Password: "secret"}, "etcd a:1,b:2 prefix /ringipam/"},
+	} {
+		if got := tc.c.Describe(); got != tc.want {
+			t.Errorf("Describe(%+v) = %q, want %q", tc.c, got, tc.want)
+		}
+	}
+}
+
+func FuzzDuration(f *testing.F) {
+	for _, s := range []string{`"5s"`, `5`, `"7"`, `null`, `"-1ms"`, `1e3`, `"1h2m"`, `99999999999999999999`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var d storeconfig.Duration
+		if err := json.Unmarshal([]byte(s), &d); err != nil {
+			return
+		}
+		b, err := json.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back storeconfig.Duration
+		if err := json.Unmarshal(b, &back); err != nil || back != d {
+			t.Fatalf("%s -> %v -> %s -> %v, %v", s, d, b, back, err)
+		}
+	})
+}
