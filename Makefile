@@ -33,7 +33,7 @@ for d in plugins/*/ cmd/*/ docker-driver/; do \
 done
 endef
 
-.PHONY: all build deps test unit integration fmt-check vet lint bench demo clean distclean
+.PHONY: all build deps test unit model-check integration fmt-check vet lint bench demo clean distclean
 
 all: build
 
@@ -56,13 +56,18 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags integration ./...
 
+# The exhaustive model check of pkg/containernet runs on its own, verbosely,
+# so that the number of states it visited is printed.
 unit:
-	$(GO) test -race ./...
+	$(GO) test -race -skip '^TestModelCheck$$' ./...
+
+model-check:
+	$(GO) test -race -run '^TestModelCheck' -v ./pkg/containernet/ | grep -E -- '^(--- |ok|FAIL|PASS)|model check'
 
 integration:
-	$(GO) test -race -tags integration -p 1 -timeout $(INTEGRATION_TIMEOUT) ./...
+	$(GO) test -race -tags integration -p 1 -timeout $(INTEGRATION_TIMEOUT) -skip '^TestModelCheck$$' ./...
 
-test: deps fmt-check vet unit integration
+test: deps fmt-check vet unit model-check integration
 
 lint: fmt-check vet
 	@if command -v staticcheck >/dev/null; then \
