@@ -33,7 +33,7 @@ for d in plugins/*/ cmd/*/ docker-driver/; do \
 done
 endef
 
-.PHONY: all build deps test unit model-check integration fmt-check vet lint bench demo clean distclean
+.PHONY: all build deps test unit model-check integration fmt-check vet lint bench demo docker-plugin clean distclean
 
 all: build
 
@@ -80,6 +80,12 @@ bench: deps build
 
 demo: deps build
 	scripts/demo.sh
+
+# Managed Docker plugin: lays out bin/docker-plugin (rootfs + config.json);
+# with PLUGIN_NAME=repo/name:tag it also runs docker plugin create.
+PLUGIN_NAME ?=
+docker-plugin: build
+	GO=$(GO) docker-driver/plugin/build.sh $(BIN)/docker-plugin $(PLUGIN_NAME)
 
 clean:
 	rm -rf $(BIN) bench.out
