@@ -158,6 +158,11 @@ func (c Config) Validate() error {
 			if err := checkEndpoint(e); err != nil {
 				bad("endpoint %q: %v", e, err)
 			}
+			// The etcd client speaks plain text to an http:// endpoint
+			// and silently ignores the tls settings.
+			if c.TLS != nil && strings.HasPrefix(e, "http://") {
+				bad("endpoint %q is plain http but tls is set: write https://", e)
+			}
 		}
 		if c.TLS != nil && (c.TLS.Cert == "") != (c.TLS.Key == "") {
 			bad("tls: cert and key must be given together")
