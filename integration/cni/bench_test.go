@@ -17,6 +17,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/invoke"
 
+	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
 	"github.com/ringipam/ringipam/internal/testenv"
 )
@@ -40,7 +41,7 @@ type benchRow struct {
 // minutes). One iteration is the whole workload, so the default benchtime
 // runs each case once.
 func BenchmarkIPAMAdd(b *testing.B) {
-	hostLocal := refBin(b, "host-local")
+	hostLocal := cnitest.RefBin(b, "host-local")
 	var rows []benchRow
 	variants := []struct {
 		name string
@@ -50,10 +51,10 @@ func BenchmarkIPAMAdd(b *testing.B) {
 		{"host-local", hostLocal, func(b *testing.B) map[string]any {
 			return map[string]any{"type": "host-local", "dataDir": b.TempDir()}
 		}},
-		{"ipam-ring/local", ipamBin, func(b *testing.B) map[string]any {
+		{"ipam-ring/local", cnitest.IPAMBin, func(b *testing.B) map[string]any {
 			return map[string]any{"type": "ipam-ring", "host": "bench", "store": localStore(b)}
 		}},
-		{"ipam-ring/etcd", ipamBin, func(b *testing.B) map[string]any {
+		{"ipam-ring/etcd", cnitest.IPAMBin, func(b *testing.B) map[string]any {
 			e := testenv.StartEtcd(b)
 			return map[string]any{"type": "ipam-ring", "host": "bench", "store": etcdStore(e.Endpoints(), "/"+netns.Unique("bench-"))}
 		}},
@@ -102,7 +103,7 @@ func addWorkload(b *testing.B, bin string, conf []byte, parallel int) ([]time.Du
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+				ctx, cancel := context.WithTimeout(context.Background(), cnitest.OpTimeout)
 				args := &invoke.Args{Command: "ADD", ContainerID: fmt.Sprintf("bench-%05d", i), NetNS: noNetNS, IfName: "eth0", Path: filepath.Dir(bin)}
 				t0 := time.Now()
 				_, err := invoke.ExecPluginWithResult(ctx, bin, conf, args, nil)

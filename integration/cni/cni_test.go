@@ -18,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
 	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/pool"
@@ -37,6 +38,31 @@ func writeConfList(t *testing.T, name string, plugins ...map[string]any) string 
 	return dir
 }
 
+// cnitoolNet writes network name of plugins for cnitool and returns the
+// environment cnitool needs to run it: NETCONFPATH holding the conflist
+// and a CNI_PATH (pluginDir). cnitool's cached results of name are
+// removed when the test ends.
+func cnitoolNet(t *testing.T, name string, plugins ...map[string]any) []string {
+	t.Helper()
+	cleanCNICache(t, name)
+	return []string{"NETCONFPATH=" + writeConfList(t, name, plugins...), "CNI_PATH=" + pluginDir(t, false)}
+}
+
+// cnitoolAdd runs `cnitool add name` for container ctr inside host and
+// returns the result it printed, and the output itself.
+func cnitoolAdd(t *testing.T, host *netns.NS, env []string, name string, ctr *netns.NS) (*current.Result, string) {
+	t.Helper()
+	out, err := cnitool(t, host, env, "add", name, ctr.Path)
+	if err != nil {
+		t.Fatalf("cnitool add: %v\n%s", err, out)
+	}
+	var res current.Result
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("cnitool add printed %q: %v", out, err)
+	}
+	return &res, out
+}
+
 func bridgePlugin(ipam map[string]any) map[string]any {
 	return map[string]any{"type": "bridge", "bridge": "cni0", "isGateway": true, "ipam": ipam}
 }
@@ -45,7 +71,7 @@ func bridgePlugin(ipam map[string]any) map[string]any {
 func allocations(t *testing.T, st map[string]any, network string) []pool.Allocation {
 	t.Helper()
 	var list []pool.Allocation
-	inspect(t, st, "inspector", func(a *pool.Allocator) {
+	cnitest.Inspect(t, st, "inspector", func(a *pool.Allocator) {
 		var err error
 		list, err = a.List(context.Background(), pool.Filter{Network: network})
 		if err != nil {
@@ -70,19 +96,10 @@ func TestCnitoolBridgeLocalStore(t *testing.T) {
 	host := netns.New(t, "it1h")
 	ctr := netns.New(t, "it1c")
 	name := netns.Unique("it1-")
-	cleanCNICache(t, name)
 	st := localStore(t)
-	confDir := writeConfList(t, name, bridgePlugin(ipamSection("host1", st, subnet("198.18.10.0/24"))))
-	env := []string{"NETCONFPATH=" + confDir, "CNI_PATH=" + pluginDir(t, false)}
+	env := cnitoolNet(t, name, bridgePlugin(ipamSection("host1", st, subnet("198.18.10.0/24"))))
 
-	out, err := cnitool(t, host, env, "add", name, ctr.Path)
-	if err != nil {
-		t.Fatalf("cnitool add: %v\n%s", err, out)
-	}
-	var res current.Result
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		t.Fatalf("cnitool add printed %q: %v", out, err)
-	}
+	res, out := cnitoolAdd(t, host, env, name, ctr)
 	if len(res.IPs) != 1 {
 		t.Fatalf("want one address, got %s", out)
 	}
@@ -107,7 +124,7 @@ func TestCnitoolBridgeLocalStore(t *testing.T) {
 	if _, err := execIPAM("DEL", netConf(t, name, ipam, nil), ids[0], ""); err != nil {
 		t.Fatalf("IPAM-only DEL: %v", err)
 	}
-	out, err = cnitool(t, host, env, "check", name, ctr.Path)
+	out, err := cnitool(t, host, env, "check", name, ctr.Path)
 	if err == nil || !strings.Contains(out, "holds no address") {
 		t.Fatalf("cnitool check after the allocation vanished: err %v, output %q; want a failure saying it holds no address", err, out)
 	}
@@ -145,7 +162,7 @@ func TestTwoHostsShareEtcd(t *testing.T) {
 	for _, hostName := range []string{"hostA", "hostB"} {
 		hostNS := netns.New(t, "it2h")
 		list := bridgeList(t, name, "cni0", ipamSection(hostName, st, subnet("198.18.32.0/22")))
-		cn := newCNI(t, pdir)
+		cn := cnitest.NewCNI(t, pdir)
 		ctrs := make([]*netns.NS, perHost)
 		for i := range ctrs {
 			ctrs[i] = netns.New(t, "it2c")
@@ -158,7 +175,7 @@ func TestTwoHostsShareEtcd(t *testing.T) {
 				sem <- struct{}{}
 				defer func() { <-sem }()
 				id := fmt.Sprintf("%s-c%02d", hostName, i)
-				res, err := addIn(t, cn, hostNS, list, rt(ctr, id))
+				res, err := cnitest.Add(cn, hostNS, list, rt(ctr, id))
 				mu.Lock()
 				defer mu.Unlock()
 				if err != nil {
@@ -184,7 +201,7 @@ func TestTwoHostsShareEtcd(t *testing.T) {
 		}
 		seen[g.addr] = g.id
 	}
-	inspect(t, st, "inspector", func(a *pool.Allocator) {
+	cnitest.Inspect(t, st, "inspector", func(a *pool.Allocator) {
 		ring, err := a.RingOf(context.Background(), name+"-0")
 		if err != nil {
 			t.Fatal(err)
@@ -210,10 +227,10 @@ func TestStaticInUse(t *testing.T) {
 	st := localStore(t)
 	ipam := ipamSection("host1", st, subnet("198.18.11.0/24"))
 	list := bridgeList(t, name, "cni0", ipam)
-	cn := newCNI(t, pluginDir(t, false))
+	cn := cnitest.NewCNI(t, pluginDir(t, false))
 
 	holderID := netns.Unique("holder-")
-	held, err := addIn(t, cn, host, list, rt(c1, holderID))
+	held, err := cnitest.Add(cn, host, list, rt(c1, holderID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -221,9 +238,9 @@ func TestStaticInUse(t *testing.T) {
 
 	req := rt(c2, netns.Unique("other-"))
 	req.CapabilityArgs = map[string]any{"ips": []string{heldCIDR}}
-	_, err = addIn(t, cn, host, list, req)
-	if cniCode(err) != 100 {
-		t.Fatalf("static ADD of held %s: err = %v (code %d), want code 100", heldCIDR, err, cniCode(err))
+	_, err = cnitest.Add(cn, host, list, req)
+	if cnitest.CNICode(err) != 100 {
+		t.Fatalf("static ADD of held %s: err = %v (code %d), want code 100", heldCIDR, err, cnitest.CNICode(err))
 	}
 	if !strings.Contains(err.Error(), holderID) {
 		t.Fatalf("error %q does not name the holder %s", err, holderID)
@@ -263,11 +280,11 @@ func TestGCThroughLibcni(t *testing.T) {
 	st := localStore(t)
 	ipam := ipamSection("host1", st, subnet("198.18.12.0/24"))
 	list := bridgeList(t, name, "cni0", ipam, map[string]any{"type": "ipam-ring", "chained": true, "ipam": ipam})
-	cn := newCNI(t, pluginDir(t, false))
+	cn := cnitest.NewCNI(t, pluginDir(t, false))
 
 	var valid []types.GCAttachment
 	for _, id := range []string{"keep-a", "keep-b", "stale-c", "stale-d"} {
-		if _, err := addIn(t, cn, host, list, rt(netns.New(t, "it4c"), id)); err != nil {
+		if _, err := cnitest.Add(cn, host, list, rt(netns.New(t, "it4c"), id)); err != nil {
 			t.Fatalf("ADD %s: %v", id, err)
 		}
 		if strings.HasPrefix(id, "keep") {
@@ -287,9 +304,7 @@ func TestGCThroughLibcni(t *testing.T) {
 	if ids := containerIDs(allocations(t, st, name)); len(ids) != 6 {
 		t.Fatalf("after a GC without a list the store holds %v, want all 6", ids)
 	}
-	err := inHost(t, host, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		defer cancel()
+	err := cnitest.InNS(host, func(ctx context.Context) error {
 		return cn.GCNetworkList(ctx, list, &libcni.GCArgs{ValidAttachments: valid})
 	})
 	if err != nil {
@@ -311,27 +326,27 @@ func TestEtcdDown(t *testing.T) {
 	ipam := ipamSection("host1", st, subnet("198.18.13.0/24"))
 	ipam["timeout"] = "5s"
 	list := bridgeList(t, name, "cni0", ipam)
-	cn := newCNI(t, pluginDir(t, true))
+	cn := cnitest.NewCNI(t, pluginDir(t, true))
 	ctx := context.Background()
 
 	for _, id := range []string{"before-1", "before-2"} {
-		if _, err := addIn(t, cn, host, list, rt(netns.New(t, "it5c"), id)); err != nil {
+		if _, err := cnitest.Add(cn, host, list, rt(netns.New(t, "it5c"), id)); err != nil {
 			t.Fatalf("ADD %s: %v", id, err)
 		}
 	}
-	if err := inHost(t, host, func() error { return cn.GetStatusNetworkList(ctx, list) }); err != nil {
+	if err := host.Do(func() error { return cn.GetStatusNetworkList(ctx, list) }); err != nil {
 		t.Fatalf("STATUS with etcd up: %v", err)
 	}
 
 	etcd.Stop()
-	err := inHost(t, host, func() error { return cn.GetStatusNetworkList(ctx, list) })
-	if cniCode(err) != 50 {
-		t.Fatalf("STATUS with etcd down: err = %v (code %d), want 50", err, cniCode(err))
+	err := host.Do(func() error { return cn.GetStatusNetworkList(ctx, list) })
+	if cnitest.CNICode(err) != 50 {
+		t.Fatalf("STATUS with etcd down: err = %v (code %d), want 50", err, cnitest.CNICode(err))
 	}
 	down := netns.New(t, "it5c")
-	_, err = addIn(t, cn, host, list, rt(down, "during"))
-	if cniCode(err) != 11 {
-		t.Fatalf("ADD with etcd down: err = %v (code %d), want 11", err, cniCode(err))
+	_, err = cnitest.Add(cn, host, list, rt(down, "during"))
+	if cnitest.CNICode(err) != 11 {
+		t.Fatalf("ADD with etcd down: err = %v (code %d), want 11", err, cnitest.CNICode(err))
 	}
 	t.Logf("with etcd down ADD failed as documented: %v", err)
 
@@ -342,10 +357,10 @@ func TestEtcdDown(t *testing.T) {
 	}
 	checkUsed(t, st, name+"-0", 2)
 	// The runtime cleans up the failed attachment (bridge left a veth).
-	if err := inHost(t, host, func() error { return cn.DelNetworkList(ctx, list, rt(down, "during")) }); err != nil {
+	if err := host.Do(func() error { return cn.DelNetworkList(ctx, list, rt(down, "during")) }); err != nil {
 		t.Fatalf("DEL of the failed attachment: %v", err)
 	}
-	if _, err := addIn(t, cn, host, list, rt(netns.New(t, "it5c"), "after")); err != nil {
+	if _, err := cnitest.Add(cn, host, list, rt(netns.New(t, "it5c"), "after")); err != nil {
 		t.Fatalf("ADD after etcd restarted: %v", err)
 	}
 	if ids := containerIDs(allocations(t, st, name)); !slices.Equal(ids, []string{"after", "before-1", "before-2"}) {
@@ -357,7 +372,7 @@ func TestEtcdDown(t *testing.T) {
 // checkUsed fails t unless the pool counts exactly want addresses in use.
 func checkUsed(t *testing.T, st map[string]any, poolName string, want uint64) {
 	t.Helper()
-	inspect(t, st, "inspector", func(a *pool.Allocator) {
+	cnitest.Inspect(t, st, "inspector", func(a *pool.Allocator) {
 		u, err := a.Usage(context.Background(), poolName)
 		if err != nil {
 			t.Fatal(err)
@@ -374,18 +389,9 @@ func TestDualStack(t *testing.T) {
 	host := netns.New(t, "it6h")
 	ctr := netns.New(t, "it6c")
 	name := netns.Unique("it6-")
-	cleanCNICache(t, name)
 	st := localStore(t)
-	confDir := writeConfList(t, name, bridgePlugin(ipamSection("host1", st, subnet("198.18.14.0/24"), subnet("2001:db8:14::/64"))))
-	env := []string{"NETCONFPATH=" + confDir, "CNI_PATH=" + pluginDir(t, false)}
-	out, err := cnitool(t, host, env, "add", name, ctr.Path)
-	if err != nil {
-		t.Fatalf("cnitool add: %v\n%s", err, out)
-	}
-	var res current.Result
-	if err := json.Unmarshal([]byte(out), &res); err != nil {
-		t.Fatalf("cnitool add printed %q: %v", out, err)
-	}
+	env := cnitoolNet(t, name, bridgePlugin(ipamSection("host1", st, subnet("198.18.14.0/24"), subnet("2001:db8:14::/64"))))
+	res, out := cnitoolAdd(t, host, env, name, ctr)
 	var v4, v6 string
 	for _, ip := range res.IPs {
 		a, _ := netip.AddrFromSlice(ip.Address.IP)
@@ -419,21 +425,15 @@ func TestPtpLocalStore(t *testing.T) {
 	host := netns.New(t, "itph")
 	host.MustRun(t, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
 	name := netns.Unique("itp-")
-	cleanCNICache(t, name)
 	st := localStore(t)
-	confDir := writeConfList(t, name, map[string]any{"type": "ptp", "ipMasq": false, "ipam": ipamSection("host1", st, subnet("198.19.0.0/24"))})
-	env := []string{"NETCONFPATH=" + confDir, "CNI_PATH=" + pluginDir(t, false)}
+	env := cnitoolNet(t, name, map[string]any{"type": "ptp", "ipMasq": false, "ipam": ipamSection("host1", st, subnet("198.19.0.0/24"))})
 	var addrs []string
 	var ctrs []*netns.NS
 	for range 2 {
 		ctr := netns.New(t, "itpc")
-		out, err := cnitool(t, host, env, "add", name, ctr.Path)
-		if err != nil {
-			t.Fatalf("cnitool add: %v\n%s", err, out)
-		}
-		var res current.Result
-		if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.IPs) != 1 {
-			t.Fatalf("cnitool add printed %q: %v", out, err)
+		res, out := cnitoolAdd(t, host, env, name, ctr)
+		if len(res.IPs) != 1 {
+			t.Fatalf("want one address, got %s", out)
 		}
 		addrs = append(addrs, res.IPs[0].Address.IP.String())
 		ctrs = append(ctrs, ctr)

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/pkg/containernet"
 	"github.com/ringipam/ringipam/pkg/pool"
 )
@@ -214,8 +215,8 @@ func TestSpecialSubnetPtp(t *testing.T) {
 		t.Fatalf("ADD of a taken ip in the special subnet succeeded: %v", fourth.res)
 	}
 	wantMsg := fmt.Sprintf("ip %s is taken in special subnet %s", ips[1], special)
-	if cniCode(err) != 100 || !strings.Contains(err.Error(), wantMsg) || !strings.Contains(err.Error(), network+"/cnet-sub1/eth0") {
-		t.Fatalf("ADD of a taken ip = %v (code %d), want code 100 with %q naming %s/cnet-sub1/eth0", err, cniCode(err), wantMsg, network)
+	if cnitest.CNICode(err) != 100 || !strings.Contains(err.Error(), wantMsg) || !strings.Contains(err.Error(), network+"/cnet-sub1/eth0") {
+		t.Fatalf("ADD of a taken ip = %v (code %d), want code 100 with %q naming %s/cnet-sub1/eth0", err, cnitest.CNICode(err), wantMsg, network)
 	}
 	if out, lerr := fourth.ns.Run("ip", "link", "show", "eth0"); lerr == nil {
 		t.Errorf("the refused container got an interface:\n%s", out)

@@ -14,104 +14,36 @@ package containernet
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/cni/pkg/invoke"
-	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
 	"github.com/ringipam/ringipam/pkg/pool"
-	"github.com/ringipam/ringipam/pkg/store/local"
 )
-
-// opTimeout bounds every plugin invocation a test makes.
-const opTimeout = 60 * time.Second
 
 // pingDeadline bounds the wait for a path to carry a ping (IPv6 duplicate
 // address detection on the host veth takes about a second).
 const pingDeadline = 20 * time.Second
 
-var (
-	repoRoot string
-	ipamBin  string
-)
-
-func TestMain(m *testing.M) { os.Exit(run(m)) }
-
-func run(m *testing.M) int {
-	_, file, _, _ := runtime.Caller(0)
-	repoRoot = filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-	tmp, err := os.MkdirTemp("", "ringipam-cnet-it-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(tmp)
-	ipamBin = filepath.Join(tmp, "ipam-ring")
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	build := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", ipamBin, "./plugins/ipam-ring")
-	build.Dir = repoRoot
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building ipam-ring: %v\n%s", err, out)
-		return 1
-	}
-	return m.Run()
-}
-
-// refBin returns the path of a reference CNI binary installed by
-// scripts/install-deps.sh (or RINGIPAM_CNI_BIN).
-func refBin(t testing.TB, name string) string {
-	t.Helper()
-	for _, dir := range []string{os.Getenv("RINGIPAM_CNI_BIN"), filepath.Join(repoRoot, ".cache", "bin")} {
-		if dir == "" {
-			continue
-		}
-		if p := filepath.Join(dir, name); fileExists(p) {
-			return p
-		}
-	}
-	t.Fatalf("%s not found in .cache/bin: run scripts/install-deps.sh (or set RINGIPAM_CNI_BIN)", name)
-	return ""
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
-
-// pluginDir makes a CNI_PATH directory with ptp and ipam-ring. ipam-ring
-// needs no namespace and the local store is a file, so it runs as ptp
-// starts it (in the host namespace).
-func pluginDir(t testing.TB) string {
-	t.Helper()
-	dir := t.TempDir()
-	for name, target := range map[string]string{"ptp": refBin(t, "ptp"), "ipam-ring": ipamBin} {
-		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
+func TestMain(m *testing.M) { os.Exit(cnitest.Main(m, nil)) }
 
 // testbed is one host namespace, a CNI runtime and a ptp network whose
 // IPAM is ipam-ring in per-container mode on a fresh local store.
 type testbed struct {
-	host      *netns.NS
-	cni       *libcni.CNIConfig
-	list      *libcni.NetworkConfigList
-	storePath string
-	ipam      map[string]any
+	host  *netns.NS
+	cni   *libcni.CNIConfig
+	list  *libcni.NetworkConfigList
+	store map[string]any // the ipam "store" object
+	ipam  map[string]any
 }
 
 const hostName = "node1" // ipam-ring's "host": this machine's name in the ring
@@ -125,30 +57,26 @@ func newTestbed(t *testing.T, network string, rangeSets ...string) *testbed {
 func newTestbedWith(t *testing.T, network string, extraIPAM map[string]any, rangeSets ...string) *testbed {
 	t.Helper()
 	netns.RequireRoot(t)
-	tb := &testbed{host: netns.New(t, "cnh"), storePath: filepath.Join(t.TempDir(), "ringipam.db")}
+	tb := &testbed{host: netns.New(t, "cnh")}
+	tb.store = map[string]any{"type": "local", "path": filepath.Join(t.TempDir(), "ringipam.db"), "openTimeout": "10s"}
 	var ranges [][]map[string]string
 	for _, s := range rangeSets {
 		ranges = append(ranges, []map[string]string{{"subnet": s}})
 	}
 	tb.ipam = map[string]any{
 		"type": "ipam-ring", "host": hostName, "gatewayMode": "per-container", "timeout": "20s",
-		"store":  map[string]any{"type": "local", "path": tb.storePath, "openTimeout": "10s"},
+		"store":  tb.store,
 		"ranges": ranges,
 	}
 	for k, v := range extraIPAM {
 		tb.ipam[k] = v
 	}
-	b, err := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": network, "plugins": []map[string]any{{
+	tb.list = cnitest.ConfList(t, network, map[string]any{
 		"type": "ptp", "ipMasq": false, "mtu": 1500, "capabilities": map[string]bool{"ips": true}, "ipam": tb.ipam,
-	}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if tb.list, err = libcni.ConfListFromBytes(b); err != nil {
-		t.Fatalf("conflist %s: %v", b, err)
-	}
-	exec := &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}}
-	tb.cni = libcni.NewCNIConfigWithCacheDir([]string{pluginDir(t)}, t.TempDir(), exec)
+	})
+	// ipam-ring needs no namespace and the local store is a file, so it
+	// runs as ptp starts it (in the host namespace).
+	tb.cni = cnitest.NewCNI(t, cnitest.PluginDir(t, cnitest.IPAMBin, "ptp"))
 	return tb
 }
 
@@ -166,25 +94,15 @@ func (tb *testbed) newContainer(t *testing.T, id string, cniArgs ...[2]string) *
 	return &container{ns: n, rt: &libcni.RuntimeConf{ContainerID: id, NetNS: n.Path, IfName: "eth0", Args: cniArgs}}
 }
 
-// inHost runs one libcni call from a thread inside the host namespace, so
-// that ptp (and the ipam-ring it starts) run there.
-func (tb *testbed) inHost(fn func(ctx context.Context) error) error {
-	return tb.host.Do(func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-		defer cancel()
-		return fn(ctx)
-	})
-}
-
+// add, check and del run one libcni call from a thread inside the host
+// namespace, so that ptp (and the ipam-ring it starts) run there.
 func (tb *testbed) add(c *container) error {
-	return tb.inHost(func(ctx context.Context) error {
-		r, err := tb.cni.AddNetworkList(ctx, tb.list, c.rt)
-		if err != nil {
-			return err
-		}
-		c.res, err = current.NewResultFromResult(r)
+	res, err := cnitest.Add(tb.cni, tb.host, tb.list, c.rt)
+	if err != nil {
 		return err
-	})
+	}
+	c.res = res
+	return nil
 }
 
 func (tb *testbed) mustAdd(t *testing.T, c *container) {
@@ -195,29 +113,22 @@ func (tb *testbed) mustAdd(t *testing.T, c *container) {
 }
 
 func (tb *testbed) check(c *container) error {
-	return tb.inHost(func(ctx context.Context) error { return tb.cni.CheckNetworkList(ctx, tb.list, c.rt) })
+	return cnitest.InNS(tb.host, func(ctx context.Context) error { return tb.cni.CheckNetworkList(ctx, tb.list, c.rt) })
 }
 
 func (tb *testbed) del(c *container) error {
-	return tb.inHost(func(ctx context.Context) error { return tb.cni.DelNetworkList(ctx, tb.list, c.rt) })
+	return cnitest.InNS(tb.host, func(ctx context.Context) error { return tb.cni.DelNetworkList(ctx, tb.list, c.rt) })
 }
 
 // inspect runs fn with a pool allocator on the store. The local store
 // admits one process at a time: call it only between plugin invocations.
 func (tb *testbed) inspect(t *testing.T, fn func(ctx context.Context, a *pool.Allocator)) {
 	t.Helper()
-	st, err := local.New(local.Config{Path: tb.storePath, OpenTimeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer st.Close()
-	a, err := pool.New(st, hostName, pool.WithTimeout(opTimeout))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
-	defer cancel()
-	fn(ctx, a)
+	cnitest.Inspect(t, tb.store, hostName, func(a *pool.Allocator) {
+		ctx, cancel := context.WithTimeout(context.Background(), cnitest.OpTimeout)
+		defer cancel()
+		fn(ctx, a)
+	})
 }
 
 // heldAddrs lists every address held in the store, as "owner pool role addr".
@@ -263,15 +174,6 @@ func routeVia(t *testing.T, c *container, dst netip.Addr) string {
 		}
 	}
 	return ""
-}
-
-// cniCode returns the CNI error code carried by err, or 0.
-func cniCode(err error) uint {
-	var e *types.Error
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return 0
 }
 
 // addrOf returns the i-th result address and gateway as netip values.

@@ -21,6 +21,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -36,6 +37,7 @@ import (
 	"time"
 
 	"github.com/ringipam/ringipam/docker-driver/driver"
+	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -56,78 +58,55 @@ const (
 )
 
 var (
-	repoRoot  string
 	driverBin string // ringipam-docker built from this checkout
-	ipamBin   string // the ipam-ring CNI plugin built from this checkout
 	imageTar  string // rootfs tarball holding /sleeper
 	dockerCLI string
 )
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
+func TestMain(m *testing.M) { os.Exit(cnitest.Main(m, setup)) }
 
-func run(m *testing.M) int {
-	_, file, _, _ := runtime.Caller(0)
-	repoRoot = filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
-	tmp, err := os.MkdirTemp("", "ringipam-docker-it-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(tmp)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+// setup builds the driver and the test image into tmp (cnitest.Main has
+// built ipam-ring) and finds the docker CLI.
+func setup(ctx context.Context, tmp string) error {
 	driverBin = filepath.Join(tmp, "ringipam-docker")
-	ipamBin = filepath.Join(tmp, "ipam-ring")
-	for bin, pkg := range map[string]string{driverBin: "./docker-driver", ipamBin: "./plugins/ipam-ring"} {
-		build := exec.CommandContext(ctx, goBin, "build", "-o", bin, pkg)
-		build.Dir = repoRoot
-		if out, err := build.CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "building %s: %v\n%s", pkg, err, out)
-			return 1
-		}
+	if err := cnitest.Build(ctx, driverBin, "./docker-driver"); err != nil {
+		return err
 	}
 	// The test image: one static binary that sleeps until SIGTERM.
 	src := filepath.Join(tmp, "sleeper")
 	rootfs := filepath.Join(tmp, "rootfs")
 	for _, d := range []string{src, rootfs} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
+			return err
 		}
 	}
 	prog := "package main\n\nimport (\n\t\"os\"\n\t\"os/signal\"\n\t\"syscall\"\n)\n\n" +
 		"func main() {\n\tc := make(chan os.Signal, 1)\n\tsignal.Notify(c, syscall.SIGTERM, syscall.SIGINT)\n\t<-c\n}\n"
 	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte(prog), 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
 	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte("module sleeper\n\ngo 1.22\n"), 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return err
 	}
-	build := exec.CommandContext(ctx, goBin, "build", "-o", filepath.Join(rootfs, "sleeper"), ".")
+	build := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", filepath.Join(rootfs, "sleeper"), ".")
 	build.Dir = src
 	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false", "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "building the test image binary: %v\n%s", err, out)
-		return 1
+		return fmt.Errorf("building the test image binary: %v\n%s", err, out)
 	}
 	imageTar = filepath.Join(tmp, "image.tar")
 	if out, err := exec.CommandContext(ctx, "tar", "-C", rootfs, "-cf", imageTar, ".").CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "tar: %v\n%s", err, out)
-		return 1
+		return fmt.Errorf("tar: %v\n%s", err, out)
 	}
 	// The CLI of the same release as the daemon (a newer one may sit
 	// earlier in PATH).
 	dockerCLI = "/usr/bin/docker"
 	if _, err := os.Stat(dockerCLI); err != nil {
 		if dockerCLI, err = exec.LookPath("docker"); err != nil {
-			fmt.Fprintln(os.Stderr, "no docker CLI: install docker.io")
-			return 1
+			return errors.New("no docker CLI: install docker.io")
 		}
 	}
-	return m.Run()
+	return nil
 }
 
 func requireDocker(t *testing.T) {
@@ -557,9 +536,9 @@ func keys[K comparable, V any](m map[K]V) map[K]bool {
 func cniAdd(conf []byte, containerID string) (addr, gw netip.Addr, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, ipamBin)
+	cmd := exec.CommandContext(ctx, cnitest.IPAMBin)
 	cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=" + containerID, "CNI_NETNS=/var/run/netns/unused",
-		"CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(ipamBin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+		"CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(cnitest.IPAMBin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdin = bytes.NewReader(conf)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr

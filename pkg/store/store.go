@@ -101,6 +101,24 @@ func PrefixEnd(prefix string) string {
 	return "\xff\xff\xff\xff"
 }
 
+// StartGet begins a backend's Get of keys: out holds one absent KV per key,
+// in the order asked, for the backend to fill in. done reports that no
+// backend read is needed (no keys); the Get then answers out, or ctx's
+// error (with out nil), so that a cancelled context fails every Get alike.
+func StartGet(ctx context.Context, keys []string) (out []KV, done bool, err error) {
+	if len(keys) == 0 {
+		if err := ctx.Err(); err != nil {
+			return nil, true, err
+		}
+		return []KV{}, true, nil
+	}
+	out = make([]KV, len(keys))
+	for i, k := range keys {
+		out[i].Key = k
+	}
+	return out, false, nil
+}
+
 // CheckCommit validates the shape of a commit before a backend runs it: no
 // empty keys and no more than MaxOps entries.
 func CheckCommit(conds []Cond, ops []Op) error {

@@ -180,15 +180,9 @@ func (s *Store) Prefix() string { return s.prefix }
 
 // Get implements store.Store.
 func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
-	out := make([]store.KV, len(keys))
-	for i, k := range keys {
-		out[i].Key = k
-	}
-	if len(keys) == 0 {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		return out, nil
+	out, done, err := store.StartGet(ctx, keys)
+	if done {
+		return out, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
@@ -225,10 +219,7 @@ func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
 // Scan implements store.Store.
 func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
 	if to <= from {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		return nil, nil
+		return nil, ctx.Err() // an empty range: nothing to read
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

@@ -112,17 +112,11 @@ func (s *Store) Path() string { return s.path }
 
 // Get implements store.Store. All keys are read in one read transaction.
 func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
-	out := make([]store.KV, len(keys))
-	for i, k := range keys {
-		out[i].Key = k
+	out, done, err := store.StartGet(ctx, keys)
+	if done {
+		return out, err
 	}
-	if len(keys) == 0 {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		return out, nil
-	}
-	err := s.view(ctx, func(tx *bolt.Tx) error {
+	err = s.view(ctx, func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketKV)
 		if b == nil {
 			return nil
@@ -149,10 +143,7 @@ func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
 // Scan implements store.Store.
 func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
 	if to <= from {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		return nil, nil
+		return nil, ctx.Err() // an empty range: nothing to read
 	}
 	var out []store.KV
 	err := s.view(ctx, func(tx *bolt.Tx) error {
