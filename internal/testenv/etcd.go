@@ -7,6 +7,11 @@
 // test with the command that installs it: integration tests never skip
 // silently.
 //
+// StartEtcdTLS does the same with TLS on the client port and client
+// certificate authentication (--client-cert-auth): it makes a fresh test CA
+// with NewTLSFiles and returns the files a client needs next to the server.
+// Peer traffic stays plain http on loopback.
+//
 // An *Etcd is safe for use by one test goroutine at a time (Stop and Start
 // are not meant to race with each other); the server itself serves any
 // number of clients. If the test binary dies, the kernel kills the server
@@ -16,6 +21,7 @@ package testenv
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -43,9 +49,11 @@ type Etcd struct {
 	tb      testing.TB
 	dataDir string
 	logPath string
-	client  string // http://127.0.0.1:port
+	client  string // http://127.0.0.1:port, or https:// with TLS
 	peer    string
 	name    string
+	tls     *TLSFiles   // nil: plain http
+	probe   *tls.Config // client side of tls, for the health probe
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	exited  chan struct{}
@@ -55,6 +63,22 @@ type Etcd struct {
 // StartEtcd starts a fresh single-member etcd for tb and waits until it is
 // healthy. It fails tb (never skips) if /usr/bin/etcd is missing.
 func StartEtcd(tb testing.TB) *Etcd {
+	tb.Helper()
+	return startEtcd(tb, false)
+}
+
+// StartEtcdTLS starts a fresh single-member etcd that serves clients only
+// over TLS (https:// endpoints) and requires a client certificate signed by
+// its CA. The returned files are a new CA, the server's certificate and a
+// client certificate and key (see TLSFiles); they live in tb's temp dir.
+// Health checks, Stop and Start work as with StartEtcd.
+func StartEtcdTLS(tb testing.TB) (*Etcd, TLSFiles) {
+	tb.Helper()
+	e := startEtcd(tb, true)
+	return e, *e.tls
+}
+
+func startEtcd(tb testing.TB, withTLS bool) *Etcd {
 	tb.Helper()
 	if _, err := os.Stat(EtcdBinary); err != nil {
 		tb.Fatalf("testenv: %s not found (%v): run scripts/install-deps.sh as root", EtcdBinary, err)
@@ -66,6 +90,19 @@ func StartEtcd(tb testing.TB) *Etcd {
 		logPath: filepath.Join(dir, "etcd.log"),
 		name:    "test",
 	}
+	scheme := "http://"
+	if withTLS {
+		tlsDir := filepath.Join(dir, "tls")
+		if err := os.Mkdir(tlsDir, 0o700); err != nil {
+			tb.Fatalf("testenv: %v", err)
+		}
+		files := NewTLSFiles(tb, tlsDir)
+		probe, err := files.ClientConfig()
+		if err != nil {
+			tb.Fatalf("testenv: TLS client config: %v", err)
+		}
+		e.tls, e.probe, scheme = &files, probe, "https://"
+	}
 	tb.Cleanup(e.Close)
 	// Free ports can be taken by someone else between probing and binding:
 	// try a few pairs.
@@ -75,7 +112,7 @@ func StartEtcd(tb testing.TB) *Etcd {
 		if perr != nil {
 			tb.Fatalf("testenv: %v", perr)
 		}
-		e.client = "http://127.0.0.1:" + strconv.Itoa(cp)
+		e.client = scheme + "127.0.0.1:" + strconv.Itoa(cp)
 		e.peer = "http://127.0.0.1:" + strconv.Itoa(pp)
 		if err = e.start(); err == nil {
 			return e
@@ -150,6 +187,14 @@ func (e *Etcd) start() error {
 		"--log-outputs", "stderr",
 		"--log-level", "warn",
 	}
+	if e.tls != nil {
+		args = append(args,
+			"--cert-file", e.tls.ServerCert,
+			"--key-file", e.tls.ServerKey,
+			"--trusted-ca-file", e.tls.CA,
+			"--client-cert-auth",
+		)
+	}
 	cmd := exec.Command(EtcdBinary, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
@@ -188,6 +233,10 @@ func (e *Etcd) waitHealthy(exited <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
 	hc := &http.Client{Timeout: 2 * time.Second}
+	if e.probe != nil {
+		hc.Transport = &http.Transport{TLSClientConfig: e.probe}
+		defer hc.CloseIdleConnections()
+	}
 	backoff := 10 * time.Millisecond
 	var last error
 	for {
