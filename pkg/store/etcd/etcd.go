@@ -83,6 +83,8 @@ type Store struct {
 	prefix    string
 	timeout   time.Duration
 	endpoints string
+	cfg       Config // as given, defaults applied; for Ping's TLS diagnosis
+	tls       bool   // the client speaks TLS to at least one endpoint
 }
 
 var _ store.Store = (*Store)(nil)
@@ -139,7 +141,7 @@ func New(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, classify(context.Background(), eps, fmt.Errorf("connect: %w", err))
 	}
-	return &Store{cli: cli, prefix: cfg.Prefix, timeout: cfg.RequestTimeout, endpoints: eps}, nil
+	return &Store{cli: cli, prefix: cfg.Prefix, timeout: cfg.RequestTimeout, endpoints: eps, cfg: cfg, tls: ccfg.TLS != nil}, nil
 }
 
 func tlsConfig(t *TLS) (*tls.Config, error) {
@@ -292,13 +294,27 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 
 // Ping checks that the cluster answers a linearizable read (so it has a
 // leader and a quorum) within the request timeout.
+//
+// The etcd client reports every TLS failure as a bare timeout, so when TLS
+// is in use and the server cannot be reached, Ping adds what CheckTLS finds
+// (wrong CA, missing or refused client certificate, ...). That costs a
+// handshake per endpoint, on the failure path only.
 func (s *Store) Ping(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	pctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	if _, err := s.cli.Get(ctx, s.prefix, clientv3.WithCountOnly()); err != nil {
-		return classify(ctx, s.endpoints, fmt.Errorf("ping: %w", err))
+	_, err := s.cli.Get(pctx, s.prefix, clientv3.WithCountOnly())
+	if err == nil {
+		return nil
 	}
-	return nil
+	err = classify(pctx, s.endpoints, fmt.Errorf("ping: %w", err))
+	if s.tls && errors.Is(err, store.ErrUnavailable) {
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.DialTimeout+time.Second)
+		defer ccancel()
+		if terr := CheckTLS(cctx, s.cfg); terr != nil {
+			return fmt.Errorf("%w; TLS check: %w", err, terr)
+		}
+	}
+	return err
 }
 
 // Close implements store.Store: it closes the client connection.
