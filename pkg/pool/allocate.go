@@ -59,6 +59,10 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 	if err := validateRequest(req); err != nil {
 		return Allocation{}, err
 	}
+	defs, err := canonicalDefs(req)
+	if err != nil {
+		return Allocation{}, err
+	}
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
 	var pools []string
@@ -74,7 +78,7 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 	var handoffs []handoff
 	err = a.run(ctx, func(attempt int) error {
 		var err error
-		result, handoffs, err = a.allocateOnce(ctx, req, attempt == 0)
+		result, handoffs, err = a.allocateOnce(ctx, req, defs, attempt == 0)
 		return err
 	})
 	if err != nil {
@@ -88,6 +92,32 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 		}
 	}
 	return result, nil
+}
+
+// canonicalDefs normalises req.Defs and returns them by pool name, as the
+// bytes Define would record.
+func canonicalDefs(req Request) (map[string][]byte, error) {
+	if len(req.Defs) == 0 {
+		return nil, nil
+	}
+	wanted := map[string]bool{}
+	for _, w := range req.Wants {
+		wanted[w.Pool] = true
+	}
+	out := map[string][]byte{}
+	for _, d := range req.Defs {
+		n, err := d.Normalize()
+		if err != nil {
+			return nil, err
+		}
+		if !wanted[n.Name] {
+			return nil, fmt.Errorf("%w: definition of pool %s, which the request does not want", ErrInvalid, n.Name)
+		}
+		if out[n.Name], err = json.Marshal(n); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
 
 func validateRequest(req Request) error {
@@ -117,10 +147,11 @@ func validateRequest(req Request) error {
 	return nil
 }
 
-// allocateOnce reads, decides and commits once. useHint lets dynamic picks
-// trust the host state's free-run hint (first attempt only: after a
+// allocateOnce reads, decides and commits once. defs are the canonical
+// definitions to record or verify (see Request.Defs). useHint lets dynamic
+// picks trust the host state's free-run hint (first attempt only: after a
 // conflict the host's ranges are scanned).
-func (a *Allocator) allocateOnce(ctx context.Context, req Request, useHint bool) (alloc Allocation, handoffs []handoff, err error) {
+func (a *Allocator) allocateOnce(ctx context.Context, req Request, defs map[string][]byte, useHint bool) (alloc Allocation, handoffs []handoff, err error) {
 	owner := req.Owner.String()
 	keys := []string{ownerKey(req.Owner)}
 	if req.Reservation != "" {
@@ -136,6 +167,29 @@ func (a *Allocator) allocateOnce(ctx context.Context, req Request, useHint bool)
 	kvs, err := a.st.Get(ctx, keys...)
 	if err != nil {
 		return Allocation{}, nil, err
+	}
+	base := 1
+	if req.Reservation != "" {
+		base = 2
+	}
+	// Definitions first: even an owner that already holds everything must
+	// not be served from a pool this host knows differently.
+	var conds []store.Cond
+	var ops []store.Op
+	for i, p := range pools {
+		want, ok := defs[p]
+		if !ok {
+			continue
+		}
+		kv := kvs[base+3*i]
+		switch {
+		case !kv.Exists():
+			conds = append(conds, store.Cond{Key: kv.Key})
+			ops = append(ops, store.Put(kv.Key, want))
+			kvs[base+3*i] = store.KV{Key: kv.Key, Value: want, Revision: -1} // decodable, not a condition
+		case string(kv.Value) != string(want):
+			return Allocation{}, nil, fmt.Errorf("%w: pool %s is recorded as %s but this host was given %s", ErrDefinitionMismatch, p, kv.Value, want)
+		}
 	}
 	ownerKV := kvs[0]
 	alloc = Allocation{Owner: req.Owner, Host: a.host, Reservation: req.Reservation}
@@ -161,8 +215,7 @@ func (a *Allocator) allocateOnce(ctx context.Context, req Request, useHint bool)
 		return Allocation{}, nil, fmt.Errorf("%w: %s holds %v allocated on host %s; release it there first", ErrAlreadyExists, owner, addrsOf(alloc), alloc.Host)
 	}
 
-	conds := []store.Cond{store.Unchanged(ownerKV)}
-	var ops []store.Op
+	conds = append(conds, store.Unchanged(ownerKV))
 	var resv reservation
 	var resvKV store.KV
 	if req.Reservation != "" {
@@ -186,10 +239,6 @@ func (a *Allocator) allocateOnce(ctx context.Context, req Request, useHint bool)
 	}
 
 	txns := map[string]*poolTxn{}
-	base := 1
-	if req.Reservation != "" {
-		base = 2
-	}
 	for i, p := range pools {
 		defKV, ringKV, hostKV := kvs[base+3*i], kvs[base+3*i+1], kvs[base+3*i+2]
 		def, err := decodeDef(p, defKV)

@@ -276,3 +276,31 @@ func TestHolderOf(t *testing.T) {
 		t.Fatalf("free address: %v %v", ok, err)
 	}
 }
+
+func TestRequestDefsRecordAndVerifyInTheAllocation(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	a, _ := New(st, "h1")
+	def := v4Def("p", "198.18.0.0/24")
+	al, err := a.Allocate(ctx, Request{Owner: own("c1"), Wants: ipWant("p"), Defs: []Def{def}})
+	if err != nil {
+		t.Fatalf("first allocation must record the definition: %v", err)
+	}
+	if got, err := a.Definition(ctx, "p"); err != nil || got.Ranges[0].Subnet != mustPrefix("198.18.0.0/24") {
+		t.Fatalf("recorded definition = %+v, %v", got, err)
+	}
+	other := v4Def("p", "198.18.1.0/24")
+	if _, err := a.Allocate(ctx, Request{Owner: own("c2"), Wants: ipWant("p"), Defs: []Def{other}}); !errors.Is(err, ErrDefinitionMismatch) {
+		t.Fatalf("different definition: %v", err)
+	}
+	if _, err := a.Allocate(ctx, Request{Owner: own("c1"), Wants: ipWant("p"), Defs: []Def{other}}); !errors.Is(err, ErrDefinitionMismatch) {
+		t.Fatalf("idempotent re-allocation with a different definition: %v", err)
+	}
+	again, err := a.Allocate(ctx, Request{Owner: own("c1"), Wants: ipWant("p"), Defs: []Def{def}})
+	if err != nil || again.Addrs[0].Addr != al.Addrs[0].Addr {
+		t.Fatalf("re-allocation: %+v %v", again, err)
+	}
+	if _, err := a.Allocate(ctx, Request{Owner: own("c3"), Wants: ipWant("p"), Defs: []Def{def, v4Def("q", "198.18.2.0/24")}}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("definition of a pool not wanted: %v", err)
+	}
+}

@@ -81,6 +81,11 @@ type Request struct {
 	// remembered, so that a recreated owner with the same name gets them back.
 	Reservation string
 	Wants       []Want
+	// Defs, when given, are the definitions of the wanted pools as this
+	// host knows them: each is recorded on first use, or verified against
+	// the recorded one (ErrDefinitionMismatch), inside the allocation's own
+	// read and commit. It saves a caller the round trip of Define.
+	Defs []Def
 }
 
 // Assigned is one address an owner holds.

@@ -84,7 +84,9 @@ func (p sharedPlan) add(ctx context.Context, a Allocator, c *Config, owner pool.
 	for i, rs := range c.RangeSets {
 		w[i] = pool.Want{Pool: rs.Def.Name, Role: pool.RoleIP, Addr: rs.Static}
 	}
-	alloc, err := a.Allocate(ctx, pool.Request{Owner: owner, Reservation: resv, Wants: w})
+	// The definitions ride along: recorded or verified in the
+	// allocation's own read and commit, no separate round trip.
+	alloc, err := a.Allocate(ctx, pool.Request{Owner: owner, Reservation: resv, Wants: w, Defs: c.Defs()})
 	if err != nil {
 		return nil, fmt.Errorf("allocating for %s: %w", owner, err)
 	}
@@ -152,6 +154,9 @@ func (perContainerPlan) specs(c *Config) []containernet.Spec {
 }
 
 func (p perContainerPlan) add(ctx context.Context, a Allocator, c *Config, owner pool.Owner, resv string) ([]*current.IPConfig, error) {
+	if err := a.Define(ctx, c.Defs()...); err != nil {
+		return nil, fmt.Errorf("recording pool definitions: %w", err)
+	}
 	nets, err := containernet.NewManager(a).Create(ctx, containernet.Request{Owner: owner, Reservation: resv, Specs: p.specs(c)})
 	if err != nil {
 		return nil, fmt.Errorf("creating container network: %w", err)
@@ -230,9 +235,6 @@ func Add(ctx context.Context, a Allocator, c *Config, at Attachment) (*current.R
 	p, err := planFor(c.GatewayMode)
 	if err != nil {
 		return nil, err
-	}
-	if err := a.Define(ctx, c.Defs()...); err != nil {
-		return nil, fmt.Errorf("recording pool definitions: %w", err)
 	}
 	ips, err := p.add(ctx, a, c, c.Owner(at), c.Reservation)
 	if err != nil {
