@@ -21,6 +21,9 @@ type hostState struct {
 	// scanning; a stale hint only costs one conflict and a scan.
 	Next netip.Addr `json:"n,omitzero"`
 	Run  uint64     `json:"r,omitempty"`
+	// Seen is when this host last allocated in the pool (Unix seconds):
+	// the last-seen time that reclaiming lost hosts builds on.
+	Seen int64 `json:"s,omitempty"`
 }
 
 // maxRun caps the free run remembered in the host state.
@@ -317,6 +320,7 @@ func (a *Allocator) allocateOnce(ctx context.Context, req Request, defs map[stri
 	}
 	for _, p := range pools {
 		t := txns[p]
+		t.host.Seen = a.now().Unix()
 		conds = append(conds, store.Unchanged(t.ringKV), store.Unchanged(t.hostKV))
 		if t.ringChanged {
 			b, _ := json.Marshal(t.ring.tokens)

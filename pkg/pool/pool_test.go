@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/ringipam/ringipam/pkg/store/memory"
 )
@@ -302,5 +303,27 @@ func TestRequestDefsRecordAndVerifyInTheAllocation(t *testing.T) {
 	}
 	if _, err := a.Allocate(ctx, Request{Owner: own("c3"), Wants: ipWant("p"), Defs: []Def{def, v4Def("q", "198.18.2.0/24")}}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("definition of a pool not wanted: %v", err)
+	}
+}
+
+func TestUsageShowsHostsAndLastSeen(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	at := time.Unix(1_900_000_000, 0)
+	a, _ := New(st, "h1", WithClock(func() time.Time { return at }))
+	if err := a.Define(ctx, v4Def("p", "198.18.0.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"c1", "c2"} {
+		if _, err := a.Allocate(ctx, Request{Owner: own(id), Wants: ipWant("p")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	u, err := a.Usage(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if u.Used != 2 || len(u.Hosts) != 1 || u.Hosts[0].Host != "h1" || !u.Hosts[0].LastSeen.Equal(at) || !u.Free {
+		t.Fatalf("usage = %+v", u)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/ringipam/ringipam/pkg/store"
 )
@@ -132,6 +133,11 @@ func (a *Allocator) Usage(ctx context.Context, pool string) (Usage, error) {
 			return Usage{}, fmt.Errorf("%s: corrupt host state: %w", kv.Key, err)
 		}
 		u.Used += hs.Used
+		hu := HostUsage{Host: strings.TrimPrefix(kv.Key, hostPrefix(pool)), Used: hs.Used}
+		if hs.Seen != 0 {
+			hu.LastSeen = time.Unix(hs.Seen, 0)
+		}
+		u.Hosts = append(u.Hosts, hu)
 	}
 	c := capacityOf(segmentsOf(def))
 	u.Capacity = c.String()

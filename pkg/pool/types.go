@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"time"
 )
 
 // Range is one subnet of a pool with its optional allocatable sub-range and
@@ -119,4 +120,12 @@ type Usage struct {
 	Used     uint64
 	Capacity string // decimal, may exceed uint64
 	Free     bool   // at least one address left somewhere in the pool
+	Hosts    []HostUsage
+}
+
+// HostUsage is one host's share of a pool.
+type HostUsage struct {
+	Host     string
+	Used     uint64
+	LastSeen time.Time // last allocation by the host in the pool; zero if unknown
 }
