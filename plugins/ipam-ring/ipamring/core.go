@@ -13,6 +13,7 @@ import (
 
 	"github.com/ringipam/ringipam/pkg/containernet"
 	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/store"
 )
 
 // Allocator is what the verbs need from a pool allocator (*pool.Allocator
@@ -335,6 +336,14 @@ func GC(ctx context.Context, a Allocator, c *Config) ([]pool.Allocation, error) 
 // every pool is either not yet recorded or recorded as configured, and every
 // pool has a free address. Its errors are mapped to code 50 by CmdStatus.
 func Status(ctx context.Context, a Allocator, c *Config) error {
+	// Reachability first, through the store's own health check: for etcd
+	// over TLS it names the cause (wrong CA, refused client certificate)
+	// that a failed read would only report as a timeout.
+	if s, ok := a.(interface{ Store() store.Store }); ok {
+		if err := store.Ping(ctx, s.Store()); err != nil {
+			return fmt.Errorf("store: %w", err)
+		}
+	}
 	var errs []error
 	for _, rs := range c.RangeSets {
 		rec, err := a.Definition(ctx, rs.Def.Name)
