@@ -189,7 +189,6 @@ func (a *Allocator) allocateOnce(ctx context.Context, req Request, defs map[stri
 		case !kv.Exists():
 			conds = append(conds, store.Cond{Key: kv.Key})
 			ops = append(ops, store.Put(kv.Key, want))
-			kvs[base+3*i] = store.KV{Key: kv.Key, Value: want, Revision: -1} // decodable, not a condition
 		case string(kv.Value) != string(want):
 			return Allocation{}, nil, fmt.Errorf("%w: pool %s is recorded as %s but this host was given %s", ErrDefinitionMismatch, p, kv.Value, want)
 		}
@@ -244,7 +243,12 @@ func (a *Allocator) allocateOnce(ctx context.Context, req Request, defs map[stri
 	txns := map[string]*poolTxn{}
 	for i, p := range pools {
 		defKV, ringKV, hostKV := kvs[base+3*i], kvs[base+3*i+1], kvs[base+3*i+2]
-		def, err := decodeDef(p, defKV)
+		var def Def
+		if want, ok := defs[p]; ok && !defKV.Exists() {
+			def, err = parseDef(p, want) // recorded by this very commit
+		} else {
+			def, err = decodeDef(p, defKV)
+		}
 		if err != nil {
 			return Allocation{}, nil, err
 		}

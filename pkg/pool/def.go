@@ -1,7 +1,6 @@
 package pool
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"regexp"
@@ -178,13 +177,6 @@ func capacityOf(spans []span) u128 {
 		n = n.add(s.size())
 	}
 	return n
-}
-
-// equalDefs compares canonical definitions.
-func equalDefs(a, b Def) bool {
-	x, _ := json.Marshal(a)
-	y, _ := json.Marshal(b)
-	return string(x) == string(y)
 }
 
 // Contains reports whether addr is one the pool may hand out (inside a range,

@@ -67,8 +67,12 @@ func decodeDef(pool string, kv store.KV) (Def, error) {
 	if !kv.Exists() {
 		return Def{}, fmt.Errorf("%w: %s (define it first)", ErrUnknownPool, pool)
 	}
+	return parseDef(pool, kv.Value)
+}
+
+func parseDef(pool string, raw []byte) (Def, error) {
 	var d Def
-	if err := json.Unmarshal(kv.Value, &d); err != nil {
+	if err := json.Unmarshal(raw, &d); err != nil {
 		return Def{}, fmt.Errorf("pool %s: stored definition is corrupt: %w", pool, err)
 	}
 	return d, nil

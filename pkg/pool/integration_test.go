@@ -5,15 +5,27 @@ package pool
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/ringipam/ringipam/internal/testenv"
+	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store/local"
 )
+
+func hostlockDir(tb testing.TB) hostlock.Dir { return hostlock.Dir(tb.TempDir()) }
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
 
 func openEtcd(tb testing.TB, srv *testenv.Etcd, prefix string) *etcd.Store {
 	tb.Helper()

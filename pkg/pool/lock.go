@@ -2,7 +2,6 @@ package pool
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -68,18 +67,14 @@ type Stats struct {
 type StatsSnapshot struct {
 	Conflicts int64 // commits refused because state changed since it was read
 	Commits   int64 // commits that succeeded
-	Claims    int64 // ring changes this allocator made to get space
+	Claims    int64 // ring changes this allocator planned to get space
+	// StrayErrors counts handoffs whose strays could not be given back
+	// right away (the allocation stood; Check reports the range).
+	StrayErrors int64
 }
 
 func (s *Stats) conflict() { s.conflicts.Add(1) }
 
 func (s *Stats) snapshot() StatsSnapshot {
-	return StatsSnapshot{Conflicts: s.conflicts.Load(), Commits: s.commits.Load(), Claims: s.claims.Load()}
-}
-
-func joinErrs(errs []error) error {
-	if len(errs) == 0 {
-		return nil
-	}
-	return errors.Join(errs...)
+	return StatsSnapshot{Conflicts: s.conflicts.Load(), Commits: s.commits.Load(), Claims: s.claims.Load(), StrayErrors: s.strayErrors.Load()}
 }

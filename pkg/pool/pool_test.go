@@ -2,12 +2,14 @@ package pool
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
 )
 
@@ -325,5 +327,40 @@ func TestUsageShowsHostsAndLastSeen(t *testing.T) {
 	}
 	if u.Used != 2 || len(u.Hosts) != 1 || u.Hosts[0].Host != "h1" || !u.Hosts[0].LastSeen.Equal(at) || !u.Free {
 		t.Fatalf("usage = %+v", u)
+	}
+}
+
+// A host that left has its ranges tombstoned; another host claims such a
+// range only once no address in it is held any more.
+func TestTombstonedRangeIsClaimedOnceEmpty(t *testing.T) {
+	ctx := context.Background()
+	hosts := newHosts(t, v4Def("p", "198.18.0.0/29"), "gone", "h2") // .1-.6
+	if _, err := hosts[0].Allocate(ctx, Request{Owner: own("old"), Wants: ipWant("p")}); err != nil {
+		t.Fatal(err) // "gone" owns the whole pool and holds .1
+	}
+	st := hosts[0].Store()
+	kvs, _ := st.Get(ctx, defKey("p"), ringKey("p"))
+	def, _ := decodeDef("p", kvs[0])
+	var tokens []token
+	if err := json.Unmarshal(kvs[1].Value, &tokens); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(ringFrom(def, tokens).tombstone("gone").tokens)
+	if err := st.Commit(ctx, []store.Cond{store.Unchanged(kvs[1])}, []store.Op{store.Put(ringKey("p"), b)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hosts[1].Allocate(ctx, Request{Owner: own("new"), Wants: ipWant("p")}); !errors.Is(err, ErrNoCapacity) {
+		t.Fatalf("allocation while the tombstoned range still holds an address: %v, want no capacity", err)
+	}
+	if _, _, err := hosts[0].Release(ctx, own("old")); err != nil {
+		t.Fatal(err)
+	}
+	al, err := hosts[1].Allocate(ctx, Request{Owner: own("new"), Wants: ipWant("p")})
+	if err != nil {
+		t.Fatalf("allocation once the tombstoned range is empty: %v", err)
+	}
+	r, _ := hosts[1].RingOf(ctx, "p")
+	if o, _ := r.Owner(al.Addrs[0].Addr); o.Host != "h2" || o.Tombstone {
+		t.Fatalf("range of %s = %+v, want h2's", al.Addrs[0].Addr, o)
 	}
 }

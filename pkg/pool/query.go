@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -26,11 +27,16 @@ func (a *Allocator) lookup(ctx context.Context, owner Owner) (Allocation, bool, 
 	if err != nil {
 		return Allocation{}, false, err
 	}
-	if !kvs[0].Exists() {
+	return decodeOwner(owner, kvs[0])
+}
+
+// decodeOwner decodes an owner record as read; false when it is absent.
+func decodeOwner(owner Owner, kv store.KV) (Allocation, bool, error) {
+	if !kv.Exists() {
 		return Allocation{}, false, nil
 	}
 	var rec Allocation
-	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+	if err := json.Unmarshal(kv.Value, &rec); err != nil {
 		return Allocation{}, false, fmt.Errorf("owner %s: stored allocation is corrupt: %w", owner, err)
 	}
 	return rec, true, nil
@@ -111,7 +117,7 @@ func (a *Allocator) GC(ctx context.Context, network string, valid []Owner) ([]Al
 			released = append(released, r)
 		}
 	}
-	return released, joinErrs(errs)
+	return released, errors.Join(errs...)
 }
 
 // Usage reports how full pool is.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 
 	"github.com/ringipam/ringipam/pkg/store"
 )
@@ -17,7 +18,11 @@ func (a *Allocator) Release(ctx context.Context, owner Owner) (Allocation, bool,
 	}
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	cur, ok, err := a.lookup(ctx, owner)
+	kvs, err := a.st.Get(ctx, ownerKey(owner))
+	if err != nil {
+		return Allocation{}, false, err
+	}
+	cur, ok, err := decodeOwner(owner, kvs[0])
 	if err != nil || !ok {
 		return Allocation{}, false, err
 	}
@@ -30,28 +35,33 @@ func (a *Allocator) Release(ctx context.Context, owner Owner) (Allocation, bool,
 		return Allocation{}, false, err
 	}
 	defer unlock()
+	// The first attempt commits against the record read above (the commit
+	// is conditioned on it, so a change while waiting for the lock is a
+	// conflict); later attempts read it again.
+	ownerKV := kvs[0]
 	var released Allocation
 	var found bool
-	err = a.run(ctx, func(int) error {
+	err = a.run(ctx, func(attempt int) error {
+		if attempt > 0 {
+			kvs, err := a.st.Get(ctx, ownerKey(owner))
+			if err != nil {
+				return err
+			}
+			ownerKV = kvs[0]
+		}
 		var err error
-		released, found, err = a.releaseOnce(ctx, owner)
+		released, found, err = a.releaseRecord(ctx, owner, ownerKV)
 		return err
 	})
 	return released, found, err
 }
 
-func (a *Allocator) releaseOnce(ctx context.Context, owner Owner) (Allocation, bool, error) {
-	kvs, err := a.st.Get(ctx, ownerKey(owner))
-	if err != nil {
+// releaseRecord frees what the owner record ownerKV lists, in one commit
+// conditioned on that record being unchanged.
+func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, ownerKV store.KV) (Allocation, bool, error) {
+	rec, ok, err := decodeOwner(owner, ownerKV)
+	if err != nil || !ok {
 		return Allocation{}, false, err
-	}
-	ownerKV := kvs[0]
-	if !ownerKV.Exists() {
-		return Allocation{}, false, nil
-	}
-	var rec Allocation
-	if err := json.Unmarshal(ownerKV.Value, &rec); err != nil {
-		return Allocation{}, false, fmt.Errorf("owner %s: stored allocation is corrupt: %w", owner, err)
 	}
 	var keys []string
 	var pools []string
@@ -59,7 +69,7 @@ func (a *Allocator) releaseOnce(ctx context.Context, owner Owner) (Allocation, b
 		keys = append(keys, addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4()))
 	}
 	for _, x := range rec.Addrs {
-		if !contains(pools, x.Pool) {
+		if !slices.Contains(pools, x.Pool) {
 			pools = append(pools, x.Pool)
 			keys = append(keys, hostKey(x.Pool, rec.Host))
 		}
@@ -119,13 +129,4 @@ func (a *Allocator) releaseOnce(ctx context.Context, owner Owner) (Allocation, b
 	}
 	a.stats.commits.Add(1)
 	return rec, true, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

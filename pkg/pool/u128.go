@@ -62,8 +62,6 @@ func (v u128) dec() u128 { return v.sub(u128{lo: 1}) }
 
 func (v u128) half() u128 { return u128{hi: v.hi >> 1, lo: v.lo>>1 | v.hi<<63} }
 
-func (v u128) isZero() bool { return v.hi == 0 && v.lo == 0 }
-
 func (v u128) big() *big.Int {
 	n := new(big.Int).SetUint64(v.hi)
 	n.Lsh(n, 64)
