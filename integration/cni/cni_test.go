@@ -322,7 +322,7 @@ func TestEtcdDown(t *testing.T) {
 	etcd := testenv.StartEtcd(t)
 	host := netns.New(t, "it5h")
 	name := netns.Unique("it5-")
-	st := etcdStore(etcd.Endpoints(), "/"+name)
+	st := etcdStoreFailFast(etcd.Endpoints(), "/"+name)
 	ipam := ipamSection("host1", st, subnet("198.18.13.0/24"))
 	ipam["timeout"] = "5s"
 	list := bridgeList(t, name, "cni0", ipam)

@@ -78,12 +78,20 @@ func localStore(t testing.TB) map[string]any {
 	return map[string]any{"type": "local", "path": filepath.Join(t.TempDir(), "ringipam.db")}
 }
 
-// etcdStore is the ipam "store" object for endpoints under a fresh prefix.
+// etcdStore is the ipam "store" object for endpoints under a fresh prefix,
+// with the product's default timeouts: 100 plugin processes started at once
+// on a 2-core machine can see an etcd request take more than a couple of
+// seconds, and these tests are about correctness, not speed.
 func etcdStore(endpoints []string, prefix string) map[string]any {
-	return map[string]any{
-		"type": "etcd", "endpoints": endpoints, "prefix": prefix,
-		"dialTimeout": "1s", "requestTimeout": "2s",
-	}
+	return map[string]any{"type": "etcd", "endpoints": endpoints, "prefix": prefix}
+}
+
+// etcdStoreFailFast is etcdStore with short timeouts, for tests that stop
+// etcd on purpose and want the failure reported quickly.
+func etcdStoreFailFast(endpoints []string, prefix string) map[string]any {
+	st := etcdStore(endpoints, prefix)
+	st["dialTimeout"], st["requestTimeout"] = "1s", "2s"
+	return st
 }
 
 // ipamSection is an ipam-ring "ipam" object.

@@ -89,12 +89,23 @@ func Main(m *testing.M, setup func(ctx context.Context, dir string) error) int {
 // the tests; pkg is relative to the root ("./plugins/ipam-ring"). The error
 // carries the compiler's output.
 func Build(ctx context.Context, out, pkg string) error {
-	build := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", out, pkg)
-	build.Dir = RepoRoot
+	build := GoCommand(ctx, RepoRoot, "build", "-o", out, pkg)
 	if b, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building %s: %v\n%s", pkg, err, b)
 	}
 	return nil
+}
+
+// GoCommand returns `go args...` to run in dir: the go on PATH (the
+// Makefile puts /usr/local/go/bin first), else the Debian/upstream default.
+func GoCommand(ctx context.Context, dir string, args ...string) *exec.Cmd {
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		goBin = "/usr/local/go/bin/go"
+	}
+	cmd := exec.CommandContext(ctx, goBin, args...)
+	cmd.Dir = dir
+	return cmd
 }
 
 // RefBin returns the path of a reference CNI binary (a plugin or cnitool)

@@ -29,7 +29,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
@@ -88,8 +87,7 @@ func setup(ctx context.Context, tmp string) error {
 	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte("module sleeper\n\ngo 1.22\n"), 0o644); err != nil {
 		return err
 	}
-	build := exec.CommandContext(ctx, filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", filepath.Join(rootfs, "sleeper"), ".")
-	build.Dir = src
+	build := cnitest.GoCommand(ctx, src, "build", "-o", filepath.Join(rootfs, "sleeper"), ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false", "GOWORK=off")
 	if out, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building the test image binary: %v\n%s", err, out)
