@@ -78,6 +78,20 @@ func StartEtcdTLS(tb testing.TB) (*Etcd, TLSFiles) {
 	return e, *e.tls
 }
 
+// memDir returns a fresh directory on tmpfs (/dev/shm) when there is one,
+// else a temp dir, removed when tb ends. The test etcd keeps its data there:
+// on a shared virtual disk a burst of WAL fsyncs can stall raft past etcd's
+// own request timeout ("etcdserver: request timed out"), and these tests
+// check ringipam's correctness, not the disk's durability.
+func memDir(tb testing.TB) string {
+	dir, err := os.MkdirTemp("/dev/shm", "ringipam-etcd-")
+	if err != nil {
+		return tb.TempDir()
+	}
+	tb.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
 func startEtcd(tb testing.TB, withTLS bool) *Etcd {
 	tb.Helper()
 	if _, err := os.Stat(EtcdBinary); err != nil {
@@ -86,7 +100,7 @@ func startEtcd(tb testing.TB, withTLS bool) *Etcd {
 	dir := tb.TempDir()
 	e := &Etcd{
 		tb:      tb,
-		dataDir: filepath.Join(dir, "data"),
+		dataDir: filepath.Join(memDir(tb), "data"),
 		logPath: filepath.Join(dir, "etcd.log"),
 		name:    "test",
 	}
