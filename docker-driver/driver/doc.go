@@ -30,12 +30,14 @@
 //     subnet's first usable address as the range's gateway, and returns the
 //     recorded gateway on every host. pkg/pool never hands a gateway out.
 //     Asking for a different gateway than the recorded one is an error.
-//   - Container addresses are owned by pool.Owner{Network: <pool>,
-//     ContainerID: <endpoint MAC>, IfName: <host>}: dockerd sends the MAC
+//   - Container addresses are owned by pool.Owner{Kind: docker, Network:
+//     <pool>, ContainerID: <endpoint MAC>}: dockerd sends the MAC
 //     (RequiresMACAddress) and replays its endpoints after a restart
 //     (RequiresRequestReplay), and a replay by the same owner returns what
-//     it holds. The host in the owner keeps two hosts that happen to use the
-//     same MAC apart.
+//     it holds. The allocation records the host: the same MAC on a second
+//     host is refused ("already exists ... on host A"), and only the
+//     holding host releases. Owners of kind docker are invisible to the CNI
+//     plugin's GC and CHECK, whatever the network names.
 //   - An --aux-address arrives as a request without a MAC; an address the
 //     pool may hand out is reserved cluster-wide by owner "aux-<addr>", with
 //     one marker per host under "docker/aux/"; the last host's

@@ -17,6 +17,10 @@ import (
 
 // Option names and values of the remote IPAM protocol that the driver reads.
 const (
+	// OptIsolated (--ipam-opt isolated=true) records the pool as an
+	// address space of its own: it may overlap other pools (a truly
+	// separate L2 segment). Without it an overlapping pool is refused.
+	OptIsolated = "isolated"
 	// OptPool is the --ipam-opt that names the ringipam pool explicitly.
 	OptPool = "pool"
 	// OptMAC carries the endpoint's MAC address (RequiresMACAddress).
@@ -141,7 +145,11 @@ func (d *Driver) RequestPool(ctx context.Context, req *ipam.RequestPoolRequest) 
 	if subnet.Addr().Is6() != req.V6 {
 		return nil, fmt.Errorf("%w: subnet %s is not of the requested address family (IPv6=%v)", pool.ErrInvalid, subnet, req.V6)
 	}
-	pid := poolID{Pool: name, Subnet: subnet}
+	isolated, err := boolOpt(req.Options, OptIsolated)
+	if err != nil {
+		return nil, err
+	}
+	pid := poolID{Pool: name, Subnet: subnet, Isolated: isolated}
 	if pid.Pool == "" {
 		pid.Pool = PoolName(subnet)
 	}
@@ -270,7 +278,7 @@ func (d *Driver) gateway(ctx context.Context, pid poolID, want netip.Addr) (neti
 		if !gw.IsValid() {
 			gw, _, _ = usableBounds(pid.Subnet)
 		}
-		nd := pool.Def{Name: pid.Pool, Ranges: []pool.Range{{Subnet: pid.Subnet, Start: pid.Start, End: pid.End, Gateway: gw}}}
+		nd := pool.Def{Name: pid.Pool, Isolated: pid.Isolated, Ranges: []pool.Range{{Subnet: pid.Subnet, Start: pid.Start, End: pid.End, Gateway: gw}}}
 		err = d.alloc.Define(ctx, nd)
 		if err == nil {
 			d.log.Info("recorded pool", "pool", pid.Pool, "subnet", pid.Subnet, "range", fmt.Sprintf("%s-%s", pid.Start, pid.End), "gateway", gw)
@@ -298,18 +306,20 @@ func (d *Driver) gateway(ctx context.Context, pid poolID, want netip.Addr) (neti
 	return gw, nil
 }
 
-// Owner is the owner of the address of the endpoint with MAC mac on host.
-func Owner(poolName, mac, host string) (pool.Owner, error) {
+// Owner is the owner of the address of the endpoint with MAC mac. The
+// allocation records the host; an endpoint with the same MAC on a second
+// host is refused with "already exists" (a MAC is unique on a segment).
+func Owner(poolName, mac string) (pool.Owner, error) {
 	hw, err := net.ParseMAC(mac)
 	if err != nil {
 		return pool.Owner{}, fmt.Errorf("%w: endpoint MAC address %q: %v", pool.ErrInvalid, mac, err)
 	}
-	return pool.Owner{Network: poolName, ContainerID: hw.String(), IfName: host}, nil
+	return pool.Owner{Kind: pool.KindDocker, Network: poolName, ContainerID: hw.String()}, nil
 }
 
 // container allocates (or returns, for a replay) the endpoint's address.
 func (d *Driver) container(ctx context.Context, pid poolID, mac string, want netip.Addr) (netip.Addr, error) {
-	owner, err := Owner(pid.Pool, mac, d.host)
+	owner, err := Owner(pid.Pool, mac)
 	if err != nil {
 		return netip.Addr{}, err
 	}
@@ -320,6 +330,11 @@ func (d *Driver) container(ctx context.Context, pid poolID, mac string, want net
 	}
 	if err != nil {
 		return netip.Addr{}, err
+	}
+	if al.Host != d.host {
+		// An endpoint MAC reused on a second host: never serve it the
+		// first host's address.
+		return netip.Addr{}, &pool.ExistsError{Owner: owner.String(), Holds: []netip.Addr{al.Addrs[0].Addr}, Host: al.Host}
 	}
 	got, ok := al.Addr(pid.Pool, pool.RoleIP)
 	if !ok || !pid.Subnet.Contains(got) {
@@ -332,7 +347,7 @@ func (d *Driver) container(ctx context.Context, pid poolID, mac string, want net
 
 // auxOwner is the cluster-wide owner of a reserved --aux-address.
 func auxOwner(poolName string, a netip.Addr) pool.Owner {
-	return pool.Owner{Network: poolName, ContainerID: "aux-" + a.String()}
+	return pool.Owner{Kind: pool.KindDocker, Network: poolName, ContainerID: "aux-" + a.String()}
 }
 
 // aux reserves an --aux-address cluster-wide, if the pool could hand it out.
@@ -435,4 +450,16 @@ func auxPrefix(poolName string, a netip.Addr) string {
 
 func auxKey(poolName string, a netip.Addr, host string) string {
 	return auxPrefix(poolName, a) + host
+}
+
+// boolOpt reads an --ipam-opt that is "true" or "false" (absent: false).
+func boolOpt(opts map[string]string, name string) (bool, error) {
+	switch v := opts[name]; v {
+	case "", "false":
+		return false, nil
+	case "true":
+		return true, nil
+	default:
+		return false, fmt.Errorf("%w: --ipam-opt %s=%q: want true or false", pool.ErrInvalid, name, v)
+	}
 }

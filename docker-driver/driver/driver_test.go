@@ -135,7 +135,11 @@ func TestTwoHostsOnePool(t *testing.T) {
 			d   *Driver
 			pid string
 		}{{a, pa}, {b, pb}} {
-			got, err := addr(t, x.d, x.pid, mac(i), "") // same MACs on both hosts on purpose
+			m := mac(i)
+			if x.d == b {
+				m = mac(100 + i)
+			}
+			got, err := addr(t, x.d, x.pid, m, "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -284,7 +288,7 @@ func TestNamedPoolSharedWithCNI(t *testing.T) {
 	if err := cni.Define(ctx, def); err != nil {
 		t.Fatal(err)
 	}
-	held, err := cni.Allocate(ctx, pool.Request{Owner: pool.Owner{Network: "cninet", ContainerID: "c1", IfName: "eth0"}, Wants: []pool.Want{{Pool: "shared", Role: pool.RoleIP, Addr: netip.MustParseAddr("198.18.40.9")}}})
+	held, err := cni.Allocate(ctx, pool.Request{Owner: pool.Owner{Kind: pool.KindCNI, Network: "cninet", ContainerID: "c1", IfName: "eth0"}, Wants: []pool.Want{{Pool: "shared", Role: pool.RoleIP, Addr: netip.MustParseAddr("198.18.40.9")}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,4 +405,20 @@ func FuzzParsePoolID(f *testing.F) {
 			t.Fatalf("%q -> %+v -> %q -> %+v, %v", s, p, p.String(), again, err)
 		}
 	})
+}
+
+// An endpoint MAC that a second host reuses is refused with "already
+// exists" naming the first host, never served the first host's address.
+func TestSameMACOnTwoHostsIsRefused(t *testing.T) {
+	st := memory.New()
+	a, b := newDriver(t, st, "hostA"), newDriver(t, st, "hostB")
+	pa, _ := network(t, a, &ipam.RequestPoolRequest{Pool: "198.18.21.0/26"}, "")
+	pb, _ := network(t, b, &ipam.RequestPoolRequest{Pool: "198.18.21.0/26"}, "")
+	if _, err := addr(t, a, pa, mac(1), ""); err != nil {
+		t.Fatal(err)
+	}
+	_, err := addr(t, b, pb, mac(1), "")
+	if !errors.Is(err, pool.ErrAlreadyExists) || !strings.Contains(Message(err), "hostA") {
+		t.Fatalf("same MAC on host B: %v, want already exists on hostA", err)
+	}
 }

@@ -14,18 +14,23 @@ import (
 // the ringipam pool name, the subnet and allocatable range dockerd asked for,
 // and, for a pool picked from the default pools, the lease that holds it.
 //
-// Wire form: "<pool>;<subnet>;<start>-<end>[;<lease>]". Pool names cannot
-// contain ';' (pool names are [A-Za-z0-9._:-]), nor can addresses.
+// Wire form: "[!]<pool>;<subnet>;<start>-<end>[;<lease>]", the '!' marking
+// an isolated pool (--ipam-opt isolated=true). Pool names cannot contain ';'
+// or '!' (pool names are [A-Za-z0-9._:-]), nor can addresses.
 type poolID struct {
-	Pool   string       // ringipam pool name
-	Subnet netip.Prefix // the network's subnet (masked)
-	Start  netip.Addr   // first allocatable address (canonical, never zero)
-	End    netip.Addr   // last allocatable address
-	Lease  string       // default-pool lease token; "" for an explicit --subnet
+	Pool     string       // ringipam pool name
+	Isolated bool         // the pool is its own address space (see pool.Def)
+	Subnet   netip.Prefix // the network's subnet (masked)
+	Start    netip.Addr   // first allocatable address (canonical, never zero)
+	End      netip.Addr   // last allocatable address
+	Lease    string       // default-pool lease token; "" for an explicit --subnet
 }
 
 func (p poolID) String() string {
 	s := p.Pool + ";" + p.Subnet.String() + ";" + p.Start.String() + "-" + p.End.String()
+	if p.Isolated {
+		s = "!" + s
+	}
 	if p.Lease != "" {
 		s += ";" + p.Lease
 	}
@@ -39,7 +44,7 @@ func parsePoolID(s string) (poolID, error) {
 	}
 	var p poolID
 	var err error
-	p.Pool = parts[0]
+	p.Pool, p.Isolated = strings.CutPrefix(parts[0], "!")
 	if p.Subnet, err = netip.ParsePrefix(parts[1]); err != nil {
 		return poolID{}, fmt.Errorf("%w: pool ID %q: %v", pool.ErrInvalid, s, err)
 	}

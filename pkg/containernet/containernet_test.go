@@ -157,7 +157,7 @@ func TestCheckNetReports(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	o := func(c string) pool.Owner { return pool.Owner{Network: "net", ContainerID: c} }
+	o := func(c string) pool.Owner { return pool.Owner{Kind: pool.KindCNI, Network: "net", ContainerID: c} }
 	alloc := func(as ...string) map[netip.Addr]bool {
 		m := map[netip.Addr]bool{}
 		for _, a := range as {

@@ -31,13 +31,15 @@
 // pool's address uniqueness: cluster-wide and atomic. A special subnet must
 // not overlap any subnet of P's ranges (ErrInvalid), and must be equal to or
 // disjoint from every special subnet of P that live containers use
-// (ErrSubnetConflict). That last check cannot be part of the pool
-// transaction: Create reads the live containers before it, and again after
-// it, backing off (releasing, ErrSubnetConflict) if a container of another,
-// overlapping special subnet appeared meanwhile. Of two racing creators the
-// later to commit always sees the earlier, so an overlap outlives the race
-// only if a creator dies between its commit and its release; Check reports
-// such a state (see "Limitations").
+// (ErrSubnetConflict). Since store layout 2 the pool registry makes this
+// hold at definition time too: a special subnet's pool that overlaps any
+// recorded pool (another special subnet included, in use or not) is refused
+// in the commit that would record it (ErrSubnetConflict wrapping the
+// *pool.OverlapError). Create still reads the live containers before and
+// after its transaction and backs off (releasing, ErrSubnetConflict) if a
+// container of another, overlapping special subnet appeared meanwhile, for
+// pools recorded by an older layout; Check reports such a state (see
+// "Limitations").
 //
 // Destroy releases everything the owner holds (ip and gateway) and succeeds
 // when there is nothing left to release.

@@ -115,6 +115,12 @@ func (m *Manager) Create(ctx context.Context, req Request) ([]ContainerNet, erro
 	}
 	if len(specials) > 0 {
 		if err := m.a.Define(ctx, specials...); err != nil {
+			var ov *pool.OverlapError
+			if errors.As(err, &ov) {
+				// The store is one address space: a special subnet
+				// overlapping any recorded pool is a subnet conflict.
+				return nil, fmt.Errorf("container network for %s: %w: %w", req.Owner, ErrSubnetConflict, err)
+			}
 			return nil, fmt.Errorf("container network for %s: defining special subnet pool: %w", req.Owner, err)
 		}
 	}

@@ -30,7 +30,9 @@ func TestSharedSpecialSubnet(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	m := newTestManager(t, pool.Def{Name: "net", Ranges: []pool.Range{{Subnet: pfx("198.18.0.0/24")}}})
-	owner := func(c string) pool.Owner { return pool.Owner{Network: "net", ContainerID: c, IfName: "eth0"} }
+	owner := func(c string) pool.Owner {
+		return pool.Owner{Kind: pool.KindCNI, Network: "net", ContainerID: c, IfName: "eth0"}
+	}
 	special := pfx("198.19.7.0/24")
 	gws := map[netip.Addr]bool{}
 	// three containers share the subnet with distinct ips and distinct gateways
@@ -87,7 +89,7 @@ func TestDualStackPerContainer(t *testing.T) {
 	m := newTestManager(t,
 		pool.Def{Name: "v4", Ranges: []pool.Range{{Subnet: pfx("198.18.0.0/24")}}},
 		pool.Def{Name: "v6", Ranges: []pool.Range{{Subnet: pfx("fd00:1::/64")}}})
-	o := pool.Owner{Network: "net", ContainerID: "a", IfName: "eth0"}
+	o := pool.Owner{Kind: pool.KindCNI, Network: "net", ContainerID: "a", IfName: "eth0"}
 	nets, err := m.Create(ctx, Request{Owner: o, Specs: []Spec{
 		{Pool: "v4"},
 		{Pool: "v6", Subnet: pfx("fd00:9::/64"), IP: ip("fd00:9::5")},

@@ -283,7 +283,7 @@ func smallWorld() modelConfig {
 		planner: planCreate,
 	}
 	for _, c := range []string{"c0", "c1", "c2"} {
-		cfg.owners = append(cfg.owners, pool.Owner{Network: "net", ContainerID: c, IfName: "eth0"})
+		cfg.owners = append(cfg.owners, pool.Owner{Kind: pool.KindCNI, Network: "net", ContainerID: c, IfName: "eth0"})
 	}
 	type sip struct{ subnet, ip string }
 	var specs []Spec
@@ -638,7 +638,7 @@ func TestModelCheckFindsBrokenVariants(t *testing.T) {
 			name:    "pool lets special subnet ips collide",
 			planner: planCreate,
 			leaky:   true,
-			want:    "CNetPairValid violated by net/c0/eth0 and net/c1/eth0: both have ip 198.19.1.1",
+			want:    "CNetPairValid violated by cni/net/c0/eth0 and cni/net/c1/eth0: both have ip 198.19.1.1",
 		},
 		{
 			name:    "ip and gateway not in one transaction",

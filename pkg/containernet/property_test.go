@@ -32,6 +32,10 @@ type propWorld struct {
 	allocs   []*pool.Allocator
 	st       store.Store
 	specials []string // special subnet pools that may hold addresses
+	// recorded are the special subnets whose pools are recorded: the store
+	// is one address space, so a subnet overlapping one of them is refused
+	// even when no container uses it any more.
+	recorded map[netip.Prefix]bool
 }
 
 func newPropWorld(t testing.TB, st store.Store) *propWorld {
@@ -41,7 +45,7 @@ func newPropWorld(t testing.TB, st store.Store) *propWorld {
 		ipsOf: map[netip.Prefix][]netip.Addr{},
 	}
 	for i := range 8 {
-		w.owners = append(w.owners, pool.Owner{Network: "pnet", ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0"})
+		w.owners = append(w.owners, pool.Owner{Kind: pool.KindCNI, Network: "pnet", ContainerID: fmt.Sprintf("c%d", i), IfName: "eth0"})
 	}
 	for a := ip("198.18.20.0"); a.Compare(ip("198.18.20.16")) <= 0; a = a.Next() {
 		w.poolIPs = append(w.poolIPs, a) // .0, .15 and .16 are not handed out
@@ -116,6 +120,11 @@ func (w *propWorld) expect(shadow map[pool.Owner]ContainerNet, owner pool.Owner,
 				return ErrSubnetConflict
 			}
 		}
+		for r := range w.recorded {
+			if r != s.Subnet && r.Overlaps(s.Subnet) {
+				return ErrSubnetConflict
+			}
+		}
 		for _, n := range shadow {
 			if n.IP() == s.IP {
 				return pool.ErrAlreadyInUse
@@ -170,6 +179,12 @@ func runProperty(t *testing.T, st store.Store, seed uint64, steps int) {
 		} else {
 			want := w.expect(shadow, owner, s)
 			got, err := m.createOne(ctx, owner, s)
+			if s.Mode() == InSubnet && (want == nil || want == pool.ErrAlreadyInUse || want == pool.ErrNoCapacity) {
+				if w.recorded == nil {
+					w.recorded = map[netip.Prefix]bool{}
+				}
+				w.recorded[s.Subnet] = true // its pool is defined before the allocation
+			}
 			switch {
 			case want == nil && err != nil:
 				t.Fatalf("step %d: %s for %s: %v; the seed allows it", step, s, owner, err)

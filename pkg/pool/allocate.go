@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
+	"time"
 
 	"github.com/ringipam/ringipam/pkg/store"
 )
@@ -15,7 +15,7 @@ import (
 // hostState is a host's own record in one pool.
 type hostState struct {
 	Cursor netip.Addr `json:"c,omitzero"` // last address handed out dynamically
-	Used   uint64     `json:"u"`          // addresses this host holds in the pool
+	Used   uint64     `json:"u"`          // addresses owners of this host hold in the pool (holds excluded)
 	// Next and Run: the last scan saw Run free addresses starting at Next,
 	// right after Cursor. The next dynamic allocations take them without
 	// scanning; a stale hint only costs one conflict and a scan.
@@ -29,31 +29,15 @@ type hostState struct {
 // maxRun caps the free run remembered in the host state.
 const maxRun = 1 << 32
 
-// reservation remembers a named owner's addresses.
+// reservation remembers a named owner's addresses. While Owner is empty and
+// Until lies ahead, the addresses are held for the name (their address keys
+// carry a hold, see holder).
 type reservation struct {
+	Kind  Kind       `json:"k,omitempty"`
 	Owner string     `json:"o,omitempty"` // current holder, "" when released
 	Addrs []Assigned `json:"a,omitempty"`
+	Until int64      `json:"u,omitempty"` // end of the hold after release (Unix seconds)
 }
-
-// poolTxn is one pool's state as read for one allocation, and its changes.
-type poolTxn struct {
-	name        string
-	def         Def
-	segs        []span
-	ring        ring
-	ringKV      store.KV
-	ringChanged bool
-	host        hostState
-	hostKV      store.KV
-	taken       map[u128]bool
-	useHint     bool
-}
-
-// errNeedSpace says a pool has no free address in this host's ranges, so
-// space must be claimed in the same transaction.
-type errNeedSpace struct{ pool string }
-
-func (e errNeedSpace) Error() string { return "need space in pool " + e.pool }
 
 // Allocate gives req.Owner every address it wants, in one transaction. It is
 // idempotent: an owner that already holds an address for a (pool, role)
@@ -77,29 +61,32 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 		return Allocation{}, err
 	}
 	defer unlock()
-	var result Allocation
-	var handoffs []handoff
+	var p plan
 	err = a.run(ctx, func(attempt int) error {
-		var err error
-		result, handoffs, err = a.allocateOnce(ctx, req, defs, attempt == 0)
-		return err
+		snap, err := a.read(ctx, req, defs)
+		if err != nil {
+			return err
+		}
+		if p, err = a.plan(ctx, snap, req, attempt == 0); err != nil {
+			return err
+		}
+		return a.commit(ctx, p)
 	})
 	if err != nil {
 		return Allocation{}, err
 	}
-	for _, h := range handoffs {
+	for _, h := range p.handoffs {
 		if err := a.returnStrays(ctx, h); err != nil {
 			// The allocation stands; only ring bookkeeping is late.
 			// Check reports it and the next claim in the pool retries.
 			a.stats.strayErrors.Add(1)
 		}
 	}
-	return result, nil
+	return p.alloc, nil
 }
 
-// canonicalDefs normalises req.Defs and returns them by pool name, as the
-// bytes Define would record.
-func canonicalDefs(req Request) (map[string][]byte, error) {
+// canonicalDefs normalises req.Defs and returns them by pool name.
+func canonicalDefs(req Request) (map[string]Def, error) {
 	if len(req.Defs) == 0 {
 		return nil, nil
 	}
@@ -107,7 +94,7 @@ func canonicalDefs(req Request) (map[string][]byte, error) {
 	for _, w := range req.Wants {
 		wanted[w.Pool] = true
 	}
-	out := map[string][]byte{}
+	out := map[string]Def{}
 	for _, d := range req.Defs {
 		n, err := d.Normalize()
 		if err != nil {
@@ -116,9 +103,7 @@ func canonicalDefs(req Request) (map[string][]byte, error) {
 		if !wanted[n.Name] {
 			return nil, fmt.Errorf("%w: definition of pool %s, which the request does not want", ErrInvalid, n.Name)
 		}
-		if out[n.Name], err = json.Marshal(n); err != nil {
-			return nil, err
-		}
+		out[n.Name] = n
 	}
 	return out, nil
 }
@@ -127,8 +112,8 @@ func validateRequest(req Request) error {
 	if err := req.Owner.Validate(); err != nil {
 		return err
 	}
-	if strings.ContainsRune(req.Reservation, 0) || len(req.Reservation) > 253 {
-		return fmt.Errorf("%w: reservation name %q", ErrInvalid, req.Reservation)
+	if err := validReservation(req.Reservation); err != nil {
+		return err
 	}
 	if len(req.Wants) == 0 {
 		return fmt.Errorf("%w: request for %s wants no address", ErrInvalid, req.Owner)
@@ -150,204 +135,329 @@ func validateRequest(req Request) error {
 	return nil
 }
 
-// allocateOnce reads, decides and commits once. defs are the canonical
-// definitions to record or verify (see Request.Defs). useHint lets dynamic
-// picks trust the host state's free-run hint (first attempt only: after a
-// conflict the host's ranges are scanned).
-func (a *Allocator) allocateOnce(ctx context.Context, req Request, defs map[string][]byte, useHint bool) (alloc Allocation, handoffs []handoff, err error) {
-	owner := req.Owner.String()
-	keys := []string{ownerKey(req.Owner)}
+// validReservation accepts "" (none) or a name of printable characters (a
+// '/' is fine: "namespace/pod") of at most 253 bytes.
+func validReservation(name string) error {
+	if len(name) > maxOwnerPart || hasControl(name) {
+		return fmt.Errorf("%w: reservation name %q must be at most %d bytes without control characters", ErrInvalid, name, maxOwnerPart)
+	}
+	return nil
+}
+
+// snapshot is everything one allocation reads in its first round trip,
+// decoded.
+type snapshot struct {
+	ownerKV store.KV
+	held    Allocation // the owner's record (Owner, Host and Reservation set even when absent)
+	exists  bool       // the owner record exists
+	resvKV  store.KV   // the reservation record (when the request names one)
+	resv    reservation
+	pools   []*poolTxn // one per wanted pool, in request order
+	// newDefs are the definitions this allocation records (first use of
+	// the pool), with the registry they go into.
+	newDefs    []Def
+	registryKV store.KV
+	registry   registry
+}
+
+// poolTxn is one pool's state as read for one allocation, and its changes.
+type poolTxn struct {
+	name        string
+	def         Def
+	segs        []span
+	defKV       store.KV
+	ring        ring
+	ringKV      store.KV
+	ringChanged bool
+	host        hostState
+	hostKV      store.KV
+	taken       map[u128]bool
+	useHint     bool
+}
+
+func (s *snapshot) pool(name string) *poolTxn {
+	for _, t := range s.pools {
+		if t.name == name {
+			return t
+		}
+	}
+	return nil
+}
+
+// keyset collects the keys of one Get and finds each answer by its key.
+type keyset struct {
+	keys []string
+	at   map[string]int
+}
+
+func (k *keyset) add(keys ...string) {
+	if k.at == nil {
+		k.at = map[string]int{}
+	}
+	for _, key := range keys {
+		if _, ok := k.at[key]; !ok {
+			k.at[key] = len(k.keys)
+			k.keys = append(k.keys, key)
+		}
+	}
+}
+
+func (k *keyset) kv(kvs []store.KV, key string) store.KV { return kvs[k.at[key]] }
+
+// read fetches and decodes the state one allocation decides on, in one round
+// trip (a second only when the request records a new pool, for the
+// registry). defs are the canonical definitions the request carries.
+func (a *Allocator) read(ctx context.Context, req Request, defs map[string]Def) (*snapshot, error) {
+	var ks keyset
+	ownerK := ownerKey(req.Owner)
+	ks.add(ownerK)
+	resvK := ""
 	if req.Reservation != "" {
-		keys = append(keys, resvKey(req.Owner.Network, req.Reservation))
+		resvK = resvKey(req.Owner.Kind, req.Owner.Network, req.Reservation)
+		ks.add(resvK)
 	}
 	var pools []string
 	for _, w := range req.Wants {
 		if !slices.Contains(pools, w.Pool) {
 			pools = append(pools, w.Pool)
-			keys = append(keys, defKey(w.Pool), ringKey(w.Pool), hostKey(w.Pool, a.host))
+			ks.add(defKey(w.Pool), ringKey(w.Pool), hostKey(w.Pool, a.host))
 		}
 	}
-	kvs, err := a.st.Get(ctx, keys...)
+	kvs, err := a.get(ctx, ks.keys...)
 	if err != nil {
-		return Allocation{}, nil, err
+		return nil, err
 	}
-	base := 1
-	if req.Reservation != "" {
-		base = 2
+	s := &snapshot{ownerKV: ks.kv(kvs, ownerK)}
+	s.held = Allocation{Owner: req.Owner, Host: a.host, Reservation: req.Reservation}
+	if s.ownerKV.Exists() {
+		if err := json.Unmarshal(s.ownerKV.Value, &s.held); err != nil {
+			return nil, fmt.Errorf("owner %s: stored allocation is corrupt: %w", req.Owner, err)
+		}
+		s.exists = true
 	}
+	if resvK != "" {
+		s.resvKV = ks.kv(kvs, resvK)
+		if s.resvKV.Exists() {
+			if err := json.Unmarshal(s.resvKV.Value, &s.resv); err != nil {
+				return nil, fmt.Errorf("reservation %s: corrupt: %w", req.Reservation, err)
+			}
+		}
+	}
+	for _, p := range pools {
+		t := &poolTxn{name: p, defKV: ks.kv(kvs, defKey(p)), ringKV: ks.kv(kvs, ringKey(p)), hostKV: ks.kv(kvs, hostKey(p, a.host)), taken: map[u128]bool{}}
+		given, hasGiven := defs[p]
+		switch {
+		case !t.defKV.Exists() && hasGiven:
+			t.def = given // recorded by this very commit
+			s.newDefs = append(s.newDefs, given)
+		case hasGiven && !sameAsRecorded(t.defKV, given):
+			return nil, mismatch(p, t.defKV.Value, given)
+		default:
+			if t.def, err = decodeDef(p, t.defKV); err != nil {
+				return nil, err
+			}
+		}
+		t.segs = segmentsOf(t.def)
+		var tokens []token
+		if t.ringKV.Exists() {
+			if err := json.Unmarshal(t.ringKV.Value, &tokens); err != nil {
+				return nil, fmt.Errorf("pool %s: stored ring is corrupt: %w", p, err)
+			}
+		}
+		t.ring = ringFrom(t.def, tokens)
+		if t.hostKV.Exists() {
+			if err := json.Unmarshal(t.hostKV.Value, &t.host); err != nil {
+				return nil, fmt.Errorf("pool %s host %s: corrupt state: %w", p, a.host, err)
+			}
+		}
+		s.pools = append(s.pools, t)
+	}
+	if len(s.newDefs) > 0 {
+		reg, err := a.st.Get(ctx, registryKey)
+		if err != nil {
+			return nil, err
+		}
+		s.registryKV = reg[0]
+		if s.registry, err = decodeRegistry(reg[0]); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// plan is one allocation's decision: what to write, under which conditions.
+type plan struct {
+	alloc    Allocation
+	conds    []store.Cond
+	ops      []store.Op
+	handoffs []handoff
+	noop     bool // the owner already holds everything asked
+}
+
+func (p *plan) require(c ...store.Cond) { p.conds = append(p.conds, c...) }
+func (p *plan) write(o ...store.Op)     { p.ops = append(p.ops, o...) }
+
+// plan decides the allocation on s. It reads more only to find a free
+// address (an ordered scan from the cursor, unless the free-run hint
+// answers) or to check a static address. useHint lets dynamic picks trust
+// the host state's free-run hint (first attempt only: after a conflict the
+// host's ranges are scanned).
+func (a *Allocator) plan(ctx context.Context, s *snapshot, req Request, useHint bool) (plan, error) {
+	p := plan{alloc: s.held}
 	// Definitions first: even an owner that already holds everything must
 	// not be served from a pool this host knows differently.
-	var conds []store.Cond
-	var ops []store.Op
-	for i, p := range pools {
-		want, ok := defs[p]
-		if !ok {
-			continue
+	if len(s.newDefs) > 0 {
+		reg := s.registry
+		for _, d := range s.newDefs {
+			var err error
+			if reg, err = reg.admit(d); err != nil {
+				return plan{}, err
+			}
+			b, _ := json.Marshal(d)
+			p.require(store.Cond{Key: defKey(d.Name)})
+			p.write(store.Put(defKey(d.Name), b))
 		}
-		kv := kvs[base+3*i]
-		switch {
-		case !kv.Exists():
-			conds = append(conds, store.Cond{Key: kv.Key})
-			ops = append(ops, store.Put(kv.Key, want))
-		case string(kv.Value) != string(want):
-			return Allocation{}, nil, fmt.Errorf("%w: pool %s is recorded as %s but this host was given %s", ErrDefinitionMismatch, p, kv.Value, want)
-		}
+		b, _ := json.Marshal(reg)
+		p.require(store.Unchanged(s.registryKV))
+		p.write(store.Put(registryKey, b))
 	}
-	ownerKV := kvs[0]
-	alloc = Allocation{Owner: req.Owner, Host: a.host, Reservation: req.Reservation}
-	if ownerKV.Exists() {
-		if err := json.Unmarshal(ownerKV.Value, &alloc); err != nil {
-			return Allocation{}, nil, fmt.Errorf("owner %s: stored allocation is corrupt: %w", owner, err)
-		}
-	}
+	owner := req.Owner.String()
 	var missing []Want
 	for _, w := range req.Wants {
-		if held, ok := alloc.Addr(w.Pool, w.Role); ok {
+		if held, ok := s.held.Addr(w.Pool, w.Role); ok {
 			if w.Addr.IsValid() && w.Addr != held {
-				return Allocation{}, nil, &ExistsError{Owner: owner, Holds: addrsOf(alloc), Asked: w.Addr}
+				return plan{}, &ExistsError{Owner: owner, Holds: addrsOf(s.held), Asked: w.Addr}
 			}
 			continue
 		}
 		missing = append(missing, w)
 	}
 	if len(missing) == 0 {
-		return alloc, nil, nil
+		if len(p.ops) == 0 {
+			p.noop = true
+		}
+		return p, nil
 	}
-	if ownerKV.Exists() && alloc.Host != a.host {
-		return Allocation{}, nil, fmt.Errorf("%w: %s holds %v allocated on host %s; release it there first", ErrAlreadyExists, owner, addrsOf(alloc), alloc.Host)
+	if s.exists && s.held.Host != a.host {
+		return plan{}, &ExistsError{Owner: owner, Holds: addrsOf(s.held), Host: s.held.Host}
 	}
-
-	conds = append(conds, store.Unchanged(ownerKV))
-	var resv reservation
-	var resvKV store.KV
+	p.require(store.Unchanged(s.ownerKV))
 	if req.Reservation != "" {
-		resvKV = kvs[1]
-		if resvKV.Exists() {
-			if err := json.Unmarshal(resvKV.Value, &resv); err != nil {
-				return Allocation{}, nil, fmt.Errorf("reservation %s: corrupt: %w", req.Reservation, err)
-			}
-		}
-		conds = append(conds, store.Unchanged(resvKV))
-		if resv.Owner != "" && resv.Owner != owner {
-			holder, err := a.st.Get(ctx, "o/"+resv.Owner)
+		p.require(store.Unchanged(s.resvKV))
+		if r := s.resv; r.Owner != "" && r.Owner != owner {
+			holderKV, err := a.st.Get(ctx, "o/"+r.Owner)
 			if err != nil {
-				return Allocation{}, nil, err
+				return plan{}, err
 			}
-			if holder[0].Exists() {
-				return Allocation{}, nil, &InUseError{Name: req.Reservation, Pool: req.Owner.Network, Holder: resv.Owner}
+			if holderKV[0].Exists() {
+				return plan{}, &InUseError{Name: req.Reservation, Pool: req.Owner.Network, Holder: r.Owner}
 			}
-			conds = append(conds, store.Cond{Key: "o/" + resv.Owner})
+			p.require(store.Cond{Key: "o/" + r.Owner})
 		}
 	}
-
-	txns := map[string]*poolTxn{}
-	for i, p := range pools {
-		defKV, ringKV, hostKV := kvs[base+3*i], kvs[base+3*i+1], kvs[base+3*i+2]
-		var def Def
-		if want, ok := defs[p]; ok && !defKV.Exists() {
-			def, err = parseDef(p, want) // recorded by this very commit
-		} else {
-			def, err = decodeDef(p, defKV)
-		}
-		if err != nil {
-			return Allocation{}, nil, err
-		}
-		t := &poolTxn{name: p, def: def, segs: segmentsOf(def), ringKV: ringKV, hostKV: hostKV, taken: map[u128]bool{}, useHint: useHint}
-		var tokens []token
-		if ringKV.Exists() {
-			if err := json.Unmarshal(ringKV.Value, &tokens); err != nil {
-				return Allocation{}, nil, fmt.Errorf("pool %s: stored ring is corrupt: %w", p, err)
-			}
-		}
-		t.ring = ringFrom(def, tokens)
-		if hostKV.Exists() {
-			if err := json.Unmarshal(hostKV.Value, &t.host); err != nil {
-				return Allocation{}, nil, fmt.Errorf("pool %s host %s: corrupt state: %w", p, a.host, err)
-			}
-		}
-		for _, x := range alloc.Addrs {
-			if x.Pool == p {
+	for _, t := range s.pools {
+		t.useHint = useHint
+		for _, x := range s.held.Addrs {
+			if x.Pool == t.name {
 				t.taken[toU128(x.Addr)] = true
 			}
 		}
-		txns[p] = t
 	}
-
 	for _, w := range missing {
-		t := txns[w.Pool]
-		var got u128
-		var ok bool
-		if w.Addr.IsValid() {
-			if got, err = a.pickStatic(ctx, t, w.Addr, false); err != nil {
-				return Allocation{}, nil, err
-			}
-			ok = true
-		} else if pref, has := reservedAddr(resv, w); has {
-			got, err = a.pickStatic(ctx, t, pref, true)
-			if err == nil {
-				ok = true
-			} else if !errors.Is(err, errSoftMiss) {
-				return Allocation{}, nil, err
-			}
-		}
-		if !ok {
-			got, err = a.pickDynamic(ctx, t)
-			var need errNeedSpace
-			if errors.As(err, &need) {
-				var h *handoff
-				if t.ring, h, err = a.planClaim(ctx, t.name, t.def, t.ring); err != nil {
-					return Allocation{}, nil, err
-				}
-				t.ringChanged = true
-				if h != nil {
-					handoffs = append(handoffs, *h)
-				}
-				got, err = a.pickDynamic(ctx, t)
-				if errors.As(err, &need) {
-					// The claimed hole filled up after it was read: the
-					// donor allocated meanwhile, so this commit would
-					// conflict anyway. Start again from fresh state.
-					return Allocation{}, nil, fmt.Errorf("%w: claimed space in pool %s filled meanwhile", store.ErrConflict, t.name)
-				}
-			}
-			if err != nil {
-				return Allocation{}, nil, err
-			}
-			t.host.Cursor = got.addr(t.def.is4())
+		t := s.pool(w.Pool)
+		got, kv, err := a.pick(ctx, t, w, req, s.resv, &p)
+		if err != nil {
+			return plan{}, err
 		}
 		t.taken[got] = true
 		t.host.Used++
-		key := addrKey(t.name, got, t.def.is4())
-		conds = append(conds, store.Cond{Key: key})
-		ops = append(ops, store.Put(key, holderValue(a.host, req.Owner)))
-		alloc.Addrs = append(alloc.Addrs, Assigned{Pool: w.Pool, Role: w.Role, Addr: got.addr(t.def.is4())})
+		p.require(store.Unchanged(kv))
+		p.write(store.Put(kv.Key, ownerHolder(a.host, req.Owner).encode()))
+		p.alloc.Addrs = append(p.alloc.Addrs, Assigned{Pool: w.Pool, Role: w.Role, Addr: got.addr(t.def.is4())})
 	}
-	for _, p := range pools {
-		t := txns[p]
+	for _, t := range s.pools {
 		t.host.Seen = a.now().Unix()
-		conds = append(conds, store.Unchanged(t.ringKV), store.Unchanged(t.hostKV))
+		p.require(store.Unchanged(t.ringKV), store.Unchanged(t.hostKV))
 		if t.ringChanged {
 			b, _ := json.Marshal(t.ring.tokens)
-			ops = append(ops, store.Put(ringKey(p), b))
+			p.write(store.Put(ringKey(t.name), b))
 		}
 		b, _ := json.Marshal(t.host)
-		ops = append(ops, store.Put(hostKey(p, a.host), b))
+		p.write(store.Put(hostKey(t.name, a.host), b))
 	}
-	b, err := json.Marshal(alloc)
+	b, err := json.Marshal(p.alloc)
 	if err != nil {
-		return Allocation{}, nil, err
+		return plan{}, err
 	}
-	ops = append(ops, store.Put(ownerKey(req.Owner), b))
+	p.write(store.Put(ownerKey(req.Owner), b))
 	if req.Reservation != "" {
-		rb, _ := json.Marshal(reservation{Owner: owner, Addrs: alloc.Addrs})
-		ops = append(ops, store.Put(resvKey(req.Owner.Network, req.Reservation), rb))
+		rb, _ := json.Marshal(reservation{Kind: req.Owner.Kind, Owner: owner, Addrs: p.alloc.Addrs})
+		p.write(store.Put(s.resvKV.Key, rb))
 	}
-	if err := a.st.Commit(ctx, conds, ops); err != nil {
-		return Allocation{}, nil, err
+	return p, nil
+}
+
+// pick chooses the address for one want: the static address asked for, else
+// the one the reservation remembers when it can be had, else the next free
+// one in this host's ranges, claiming space when they are full. It returns
+// the address key as read (absent, or an ended or own hold), which the
+// commit requires unchanged.
+func (a *Allocator) pick(ctx context.Context, t *poolTxn, w Want, req Request, resv reservation, p *plan) (u128, store.KV, error) {
+	if w.Addr.IsValid() {
+		return a.pickStatic(ctx, t, w.Addr, req, false)
+	}
+	if pref, ok := reservedAddr(resv, w); ok {
+		got, kv, err := a.pickStatic(ctx, t, pref, req, true)
+		if err == nil {
+			return got, kv, nil
+		}
+		if !errors.Is(err, errSoftMiss) {
+			return u128{}, store.KV{}, err
+		}
+	}
+	got, kv, err := a.pickDynamic(ctx, t)
+	var need errNeedSpace
+	if errors.As(err, &need) {
+		var h *handoff
+		if t.ring, h, err = a.planClaim(ctx, t.name, t.def, t.ring); err != nil {
+			return u128{}, store.KV{}, err
+		}
+		t.ringChanged = true
+		if h != nil {
+			p.handoffs = append(p.handoffs, *h)
+		}
+		got, kv, err = a.pickDynamic(ctx, t)
+		if errors.As(err, &need) {
+			// The claimed hole filled up after it was read: the donor
+			// allocated meanwhile, so this commit would conflict anyway.
+			// Start again from fresh state.
+			return u128{}, store.KV{}, fmt.Errorf("%w: claimed space in pool %s filled meanwhile", store.ErrConflict, t.name)
+		}
+	}
+	if err != nil {
+		return u128{}, store.KV{}, err
+	}
+	t.host.Cursor = got.addr(t.def.is4())
+	return got, kv, nil
+}
+
+// commit writes p, unless it changes nothing.
+func (a *Allocator) commit(ctx context.Context, p plan) error {
+	if p.noop {
+		return nil
+	}
+	if err := a.st.Commit(ctx, p.conds, p.ops); err != nil {
+		return err
 	}
 	a.stats.commits.Add(1)
-	return alloc, handoffs, nil
+	return nil
 }
+
+// errNeedSpace says a pool has no free address in this host's ranges, so
+// space must be claimed in the same transaction.
+type errNeedSpace struct{ pool string }
+
+func (e errNeedSpace) Error() string { return "need space in pool " + e.pool }
 
 var errSoftMiss = errors.New("preferred address not available")
 
@@ -370,14 +480,17 @@ func addrsOf(a Allocation) []netip.Addr {
 
 // pickStatic takes exactly addr. When addr lies in another host's (or
 // unowned, or tombstoned) range, that one free address moves to this host in
-// the same commit. soft turns every refusal into errSoftMiss (for addresses
-// remembered by a reservation, where the fallback is a dynamic address).
-func (a *Allocator) pickStatic(ctx context.Context, t *poolTxn, addr netip.Addr, soft bool) (u128, error) {
-	miss := func(err error) (u128, error) {
+// the same commit. An address held for a reservation is given to an owner
+// that carries that reservation name, or to anyone once the hold has ended;
+// to others it is in use. soft turns every refusal into errSoftMiss (for
+// addresses remembered by a reservation, where the fallback is a dynamic
+// address).
+func (a *Allocator) pickStatic(ctx context.Context, t *poolTxn, addr netip.Addr, req Request, soft bool) (u128, store.KV, error) {
+	miss := func(err error) (u128, store.KV, error) {
 		if soft {
-			return u128{}, errSoftMiss
+			return u128{}, store.KV{}, errSoftMiss
 		}
-		return u128{}, err
+		return u128{}, store.KV{}, err
 	}
 	if !t.def.Contains(addr) {
 		return miss(fmt.Errorf("%w: %s is not an address pool %s hands out (outside its ranges, a gateway, or excluded)", ErrInvalid, addr, t.name))
@@ -389,38 +502,48 @@ func (a *Allocator) pickStatic(ctx context.Context, t *poolTxn, addr netip.Addr,
 	key := addrKey(t.name, v, t.def.is4())
 	kvs, err := a.st.Get(ctx, key)
 	if err != nil {
-		return u128{}, err
+		return u128{}, store.KV{}, err
 	}
-	if kvs[0].Exists() {
-		host, holder := parseHolder(kvs[0].Value)
-		return miss(&InUseError{Pool: t.name, Addr: addr, Holder: holder, Host: host})
+	kv := kvs[0]
+	if kv.Exists() {
+		h := parseHolder(kv.Value)
+		ours := req.Reservation != "" && h.heldFor(req.Owner.Kind, req.Owner.Network, req.Reservation)
+		if !ours && !h.expired(a.now()) {
+			e := &InUseError{Pool: t.name, Addr: addr, Holder: h.describe(), Host: h.Host}
+			if h.IsHold() {
+				e.Name, e.Until = h.HoldName, h.Until
+			}
+			return miss(e)
+		}
 	}
-	// The address key's create-if-absent condition, added by the caller,
-	// is all it takes to move one free address safely.
+	// The address key's condition (absent, or the hold as read), added by
+	// the caller, is all it takes to move one address safely.
 	if tok := t.ring.ownerOf(v); tok.Host != a.host || tok.Tomb {
 		t.ring = t.ring.assign(v, v, a.host)
 		t.ringChanged = true
 	}
-	return v, nil
+	return v, kv, nil
 }
 
 // pickDynamic finds the next free address in this host's ranges after its
-// cursor, wrapping around: round robin.
-func (a *Allocator) pickDynamic(ctx context.Context, t *poolTxn) (u128, error) {
+// cursor, wrapping around: round robin. An address whose hold has ended is
+// free.
+func (a *Allocator) pickDynamic(ctx context.Context, t *poolTxn) (u128, store.KV, error) {
 	spans := t.ring.ownedBy(a.host, t.segs)
 	if len(spans) == 0 {
-		return u128{}, errNeedSpace{t.name}
+		return u128{}, store.KV{}, errNeedSpace{t.name}
 	}
-	if h := t.host; t.useHint && h.Run > 0 && h.Next.IsValid() && h.Next.Is4() == t.def.is4() {
+	is4 := t.def.is4()
+	if h := t.host; t.useHint && h.Run > 0 && h.Next.IsValid() && h.Next.Is4() == is4 {
 		v := toU128(h.Next)
 		if !t.taken[v] && inSpans(v, spans) {
 			t.setHint(v, h.Run-1)
-			return v, nil
+			return v, store.KV{Key: addrKey(t.name, v, is4)}, nil
 		}
 	}
 	t.host.Next, t.host.Run = netip.Addr{}, 0
 	start := spans[0].lo
-	if t.host.Cursor.IsValid() && t.host.Cursor.Is4() == t.def.is4() {
+	if t.host.Cursor.IsValid() && t.host.Cursor.Is4() == is4 {
 		start = toU128(t.host.Cursor).inc()
 	}
 	var order []span
@@ -437,17 +560,18 @@ func (a *Allocator) pickDynamic(ctx context.Context, t *poolTxn) (u128, error) {
 		}
 	}
 	order = append(order, wrapped...)
+	now := a.now()
 	for _, s := range order {
-		v, run, ok, err := a.firstFree(ctx, t, s)
+		v, run, kv, ok, err := a.firstFree(ctx, t, s, now)
 		if err != nil {
-			return u128{}, err
+			return u128{}, store.KV{}, err
 		}
 		if ok {
 			t.setHint(v, run)
-			return v, nil
+			return v, kv, nil
 		}
 	}
-	return u128{}, errNeedSpace{t.name}
+	return u128{}, store.KV{}, errNeedSpace{t.name}
 }
 
 // setHint records that run free addresses follow v (v itself being taken now).
@@ -484,15 +608,17 @@ func runLen(from, to u128) uint64 {
 // scanPage is how many held addresses one scan reads.
 const scanPage = 256
 
-// firstFree returns the lowest address of s that is not held, and how many
-// free addresses follow it as far as the scan saw.
-func (a *Allocator) firstFree(ctx context.Context, t *poolTxn, s span) (u128, uint64, bool, error) {
+// firstFree returns the lowest address of s that is free (no key, or a hold
+// that ended before now), the key as read, and how many free addresses
+// follow it as far as the scan saw.
+func (a *Allocator) firstFree(ctx context.Context, t *poolTxn, s span, now time.Time) (u128, uint64, store.KV, bool, error) {
 	is4 := t.def.is4()
+	absent := func(v u128) store.KV { return store.KV{Key: addrKey(t.name, v, is4)} }
 	cur := s.lo
 	for {
 		kvs, err := a.st.Scan(ctx, addrKey(t.name, cur, is4), addrKey(t.name, s.hi, is4)+"\x00", scanPage)
 		if err != nil {
-			return u128{}, 0, false, err
+			return u128{}, 0, store.KV{}, false, err
 		}
 		for _, kv := range kvs {
 			k, ok := parseAddrKey(kv.Key)
@@ -501,13 +627,16 @@ func (a *Allocator) firstFree(ctx context.Context, t *poolTxn, s span) (u128, ui
 			}
 			for cur.cmp(k) < 0 {
 				if !t.taken[cur] {
-					return cur, runLen(cur.inc(), k.dec()), true, nil
+					return cur, runLen(cur.inc(), k.dec()), absent(cur), true, nil
 				}
 				cur = cur.inc()
 			}
 			if cur.cmp(k) == 0 {
+				if !t.taken[cur] && parseHolder(kv.Value).expired(now) {
+					return cur, 0, kv, true, nil
+				}
 				if cur == s.hi {
-					return u128{}, 0, false, nil
+					return u128{}, 0, store.KV{}, false, nil
 				}
 				cur = cur.inc()
 			}
@@ -519,13 +648,13 @@ func (a *Allocator) firstFree(ctx context.Context, t *poolTxn, s span) (u128, ui
 					if cur != s.hi {
 						run = runLen(cur.inc(), s.hi)
 					}
-					return cur, run, true, nil
+					return cur, run, absent(cur), true, nil
 				}
 				if cur == s.hi {
 					break
 				}
 			}
-			return u128{}, 0, false, nil
+			return u128{}, 0, store.KV{}, false, nil
 		}
 	}
 }

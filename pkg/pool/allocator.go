@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/retry"
@@ -24,8 +25,23 @@ type Allocator struct {
 	now     func() time.Time
 	locks   keyedMutex
 	hostLk  HostLocker
+	hold    time.Duration
 	stats   Stats
+	// layoutOK is set once a read saw this code's store layout, so later
+	// reads need not ask again (see get).
+	layoutOK atomic.Bool
 }
+
+// DefaultReservationHold is how long a released address stays held for its
+// reservation name unless WithReservationHold says otherwise.
+const DefaultReservationHold = 10 * time.Minute
+
+// WithReservationHold sets how long an address released by an owner with a
+// reservation name stays held for that name: skipped by dynamic allocation,
+// refused to other owners' static requests, given back to the same name.
+// Zero frees such addresses at once (the name is still remembered, as a
+// preference).
+func WithReservationHold(d time.Duration) Option { return func(a *Allocator) { a.hold = max(d, 0) } }
 
 // HostLocker serialises the allocators of one host across processes (see
 // pkg/hostlock). Lock waits until ctx ends and returns the release function.
@@ -55,7 +71,7 @@ func New(st store.Store, host string, opts ...Option) (*Allocator, error) {
 	if err := validName("host", host); err != nil {
 		return nil, err
 	}
-	a := &Allocator{st: st, host: host, policy: retry.Default, timeout: 30 * time.Second, now: time.Now}
+	a := &Allocator{st: st, host: host, policy: retry.Default, timeout: 30 * time.Second, now: time.Now, hold: DefaultReservationHold}
 	for _, o := range opts {
 		o(a)
 	}
@@ -78,13 +94,23 @@ func (a *Allocator) ctx(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, a.timeout)
 }
 
-// run runs op under the bounded retry policy, retrying store conflicts and
-// mapping exhaustion to ErrTryAgain.
+// run runs op under the bounded retry policy and maps exhaustion to
+// ErrTryAgain. It retries store conflicts, and also an unavailable store
+// while ctx has time left: a commit that timed out may or may not have been
+// applied (etcd cannot say), and every operation run here is idempotent
+// (allocation per owner, release of a record read afresh), so trying again
+// within the caller's deadline turns an ambiguous outcome into a definite
+// one. When the deadline is spent the last error is returned, wrapping
+// store.ErrUnavailable and the context's error.
 func (a *Allocator) run(ctx context.Context, op func(attempt int) error) error {
 	err := retry.Do(ctx, a.policy, func(err error) bool {
-		if errors.Is(err, store.ErrConflict) {
+		switch {
+		case errors.Is(err, store.ErrConflict):
 			a.stats.conflict()
 			return true
+		case errors.Is(err, store.ErrUnavailable):
+			a.stats.unavailable.Add(1)
+			return ctx.Err() == nil
 		}
 		return false
 	}, op)

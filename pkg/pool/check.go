@@ -23,7 +23,7 @@ import (
 func (a *Allocator) Check(ctx context.Context, pool string) ([]string, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.st.Get(ctx, defKey(pool), ringKey(pool))
+	kvs, err := a.get(ctx, defKey(pool), ringKey(pool), registryKey)
 	if err != nil {
 		return nil, err
 	}
@@ -39,6 +39,22 @@ func (a *Allocator) Check(ctx context.Context, pool string) ([]string, error) {
 	}
 	r := ringFrom(def, tokens)
 	var bad []string
+	if reg, err := decodeRegistry(kvs[2]); err != nil {
+		bad = append(bad, err.Error())
+	} else {
+		listed := false
+		for _, p := range reg.Pools {
+			listed = listed || p.Name == pool
+		}
+		if !listed {
+			bad = append(bad, "pool "+pool+" is not in the pool registry")
+		}
+		for _, o := range reg.overlaps() {
+			if strings.Contains(o, " "+pool+" ") {
+				bad = append(bad, o)
+			}
+		}
+	}
 	if err := r.check(); err != nil {
 		bad = append(bad, "ring: "+err.Error())
 		return bad, nil
@@ -74,14 +90,23 @@ func (a *Allocator) Check(ctx context.Context, pool string) ([]string, error) {
 			continue
 		}
 		addr := v.addr(is4)
-		host, owner := parseHolder(kv.Value)
+		h := parseHolder(kv.Value)
+		host, owner := h.Host, h.Owner
+		if h.IsHold() {
+			owner = "a hold for reservation " + h.HoldName
+		}
 		holderOf[v] = owner
-		count[host]++
+		if !h.IsHold() {
+			count[host]++
+		}
 		if !def.Contains(addr) {
 			bad = append(bad, fmt.Sprintf("%s is held by %s but is not an address the pool hands out", addr, owner))
 		}
 		if t := r.ownerOf(v); t.Host != host {
 			bad = append(bad, fmt.Sprintf("%s is held by %s on host %s but lies in a range of %q", addr, owner, host, t.Host))
+		}
+		if h.IsHold() {
+			continue // a hold has no owner record; its reservation lists it
 		}
 		rec, ok := recs[owner]
 		if !ok {

@@ -23,7 +23,8 @@ type handoff struct {
 // address, conditioned on the ring being unchanged, so claimed space cannot
 // be taken away before it is used. In order of preference:
 //  1. an unowned range, whole;
-//  2. a tombstoned range that holds no address any more, whole;
+//  2. a tombstoned range that holds no address any more, whole; else the
+//     largest free hole of the tombstoned ranges, whole;
 //  3. the upper half of a free hole of the live host with the most free
 //     addresses (only free addresses change hands). The donor may still
 //     commit an allocation in that hole between this read and the ring
@@ -42,8 +43,17 @@ func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring)
 			return r.assign(s.lo, s.hi, a.host), nil, nil
 		}
 	}
+	// Tombstoned space: an empty range whole, else the largest free hole
+	// of the tombstoned ranges, whole (nobody allocates there any more, so
+	// there is no donor to race). Only its free addresses change hands; the
+	// held ones stay tombstoned until they are released.
+	var tombs []span
 	for i, t := range r.tokens {
-		if !t.Tomb || len(clip(r.spanOf(i), segs)) == 0 {
+		if !t.Tomb {
+			continue
+		}
+		clipped := clip(r.spanOf(i), segs)
+		if len(clipped) == 0 {
 			continue
 		}
 		s := r.spanOf(i)
@@ -53,6 +63,16 @@ func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring)
 		}
 		if len(held) == 0 {
 			return r.assign(s.lo, s.hi, a.host), nil, nil
+		}
+		tombs = append(tombs, clipped...)
+	}
+	if len(tombs) > 0 {
+		hole, ok, err := a.largestHole(ctx, pool, is4, tombs, netip.Addr{})
+		if err != nil {
+			return ring{}, nil, err
+		}
+		if ok {
+			return r.assign(hole.lo, hole.hi, a.host), nil, nil
 		}
 	}
 
@@ -210,7 +230,7 @@ func (a *Allocator) returnStrays(ctx context.Context, h handoff) error {
 		}
 		var strays []store.KV
 		for _, kv := range held {
-			if host, _ := parseHolder(kv.Value); host != a.host {
+			if parseHolder(kv.Value).Host != a.host {
 				strays = append(strays, kv)
 			}
 		}
@@ -236,7 +256,7 @@ func (a *Allocator) returnStrays(ctx context.Context, h handoff) error {
 			if !ok {
 				continue
 			}
-			host, _ := parseHolder(kv.Value)
+			host := parseHolder(kv.Value).Host
 			if r.ownerOf(v).Host != host {
 				r = r.assign(v, v, host)
 				changed = true

@@ -27,7 +27,7 @@ func (d Def) Normalize() (Def, error) {
 	if len(d.Ranges) == 0 {
 		return Def{}, fmt.Errorf("%w: pool %s has no ranges", ErrInvalid, d.Name)
 	}
-	out := Def{Name: d.Name}
+	out := Def{Name: d.Name, Isolated: d.Isolated}
 	is4 := d.Ranges[0].Subnet.Addr().Is4()
 	for i, r := range d.Ranges {
 		if !r.Subnet.IsValid() {

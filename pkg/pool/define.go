@@ -8,55 +8,81 @@ import (
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
-// Define records each pool definition on first use, reading all of them in
-// one round trip and recording the new ones in one commit. A pool already
-// recorded with a different definition is an error wrapping
-// ErrDefinitionMismatch that shows both, so two hosts can never silently
-// split one pool.
+// Define records each pool definition on first use, reading all of them and
+// the pool registry in one round trip and recording the new ones in one
+// commit. A pool already recorded with a different definition is an error
+// wrapping ErrDefinitionMismatch that shows both, so two hosts can never
+// silently split one pool; a new pool whose ranges overlap a recorded one is
+// an *OverlapError (which wraps ErrDefinitionMismatch too).
 func (a *Allocator) Define(ctx context.Context, defs ...Def) error {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	keys := make([]string, len(defs))
-	wants := make([][]byte, len(defs))
+	canon := make([]Def, len(defs))
+	var ks keyset
+	ks.add(registryKey)
 	for i, d := range defs {
 		n, err := d.Normalize()
 		if err != nil {
 			return err
 		}
-		if wants[i], err = json.Marshal(n); err != nil {
-			return err
-		}
-		keys[i] = defKey(n.Name)
+		canon[i] = n
+		ks.add(defKey(n.Name))
 	}
 	return a.run(ctx, func(int) error {
-		kvs, err := a.st.Get(ctx, keys...)
+		kvs, err := a.get(ctx, ks.keys...)
+		if err != nil {
+			return err
+		}
+		regKV := ks.kv(kvs, registryKey)
+		reg, err := decodeRegistry(regKV)
 		if err != nil {
 			return err
 		}
 		var conds []store.Cond
 		var ops []store.Op
-		for i, kv := range kvs {
+		for _, d := range canon {
+			kv := ks.kv(kvs, defKey(d.Name))
 			if kv.Exists() {
-				if string(kv.Value) != string(wants[i]) {
-					return fmt.Errorf("%w: pool %s is recorded as %s but this host was given %s", ErrDefinitionMismatch, defs[i].Name, kv.Value, wants[i])
+				if !sameAsRecorded(kv, d) {
+					return mismatch(d.Name, kv.Value, d)
 				}
 				continue
 			}
+			if reg, err = reg.admit(d); err != nil {
+				return err
+			}
+			b, _ := json.Marshal(d)
 			conds = append(conds, store.Cond{Key: kv.Key})
-			ops = append(ops, store.Put(kv.Key, wants[i]))
+			ops = append(ops, store.Put(kv.Key, b))
 		}
 		if len(ops) == 0 {
 			return nil
 		}
+		b, _ := json.Marshal(reg)
+		conds = append(conds, store.Unchanged(regKV))
+		ops = append(ops, store.Put(registryKey, b))
 		return a.st.Commit(ctx, conds, ops)
 	})
+}
+
+// sameAsRecorded reports whether the recorded definition kv is canonical
+// definition d, byte for byte (both are canonical JSON of a normalized Def).
+func sameAsRecorded(kv store.KV, d Def) bool {
+	b, err := json.Marshal(d)
+	return err == nil && string(kv.Value) == string(b)
+}
+
+// mismatch is the error for a pool recorded with another definition than d.
+func mismatch(pool string, recorded []byte, d Def) error {
+	b, _ := json.Marshal(d)
+	return fmt.Errorf("%w: pool %s is recorded as %s but this host was given %s", ErrDefinitionMismatch, pool, recorded, b)
 }
 
 // Definition returns the recorded definition of pool.
 func (a *Allocator) Definition(ctx context.Context, pool string) (Def, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.st.Get(ctx, defKey(pool))
+	kvs, err := a.get(ctx, defKey(pool))
 	if err != nil {
 		return Def{}, err
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 )
 
 // Sentinel errors. Callers test them with errors.Is; the CNI plugin and the
@@ -34,11 +35,17 @@ type InUseError struct {
 	Pool   string
 	Addr   netip.Addr // invalid when a reservation name is what is held
 	Name   string     // reservation name, when that is what is held
-	Holder string     // the holding owner, as Owner.String()
+	Holder string     // the holding owner, as Owner.String(), or a description of the hold
 	Host   string     // host of the holder, when known
+	Until  time.Time  // when Addr is held for reservation Name: the end of the hold
 }
 
 func (e *InUseError) Error() string {
+	if e.Addr.IsValid() && e.Name != "" {
+		return fmt.Sprintf("%s in pool %s is held for reservation %s until %s (released by its last owner; "+
+			"only an owner with that reservation name gets it before then, or an operator drops the hold)",
+			e.Addr, e.Pool, e.Name, e.Until.UTC().Format(time.RFC3339))
+	}
 	what := e.Addr.String()
 	if !e.Addr.IsValid() {
 		what = "reservation " + e.Name
@@ -57,9 +64,13 @@ type ExistsError struct {
 	Owner string
 	Holds []netip.Addr
 	Asked netip.Addr
+	Host  string // set when the owner's allocation was made on another host
 }
 
 func (e *ExistsError) Error() string {
+	if e.Host != "" {
+		return fmt.Sprintf("%s already holds %v, allocated on host %s; release it there first", e.Owner, e.Holds, e.Host)
+	}
 	return fmt.Sprintf("%s already holds %v on this network; asked for %v (release it first)", e.Owner, e.Holds, e.Asked)
 }
 

@@ -147,7 +147,7 @@ func runHosts(b *testing.B, st store.Store, def Def, n, workers int) []*Allocato
 			go func() {
 				defer func() { done <- struct{}{} }()
 				for i := range per {
-					o := Owner{Network: "bench", ContainerID: fmt.Sprintf("h%dw%di%d", h, w, i), IfName: "eth0"}
+					o := Owner{Kind: KindCNI, Network: "bench", ContainerID: fmt.Sprintf("h%dw%di%d", h, w, i), IfName: "eth0"}
 					if _, err := a.Allocate(ctx, Request{Owner: o, Wants: []Want{{Pool: def.Name, Role: RoleIP}}}); err != nil {
 						errs <- err
 						return

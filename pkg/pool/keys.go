@@ -2,8 +2,18 @@ package pool
 
 import (
 	"encoding/hex"
+	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
+	"time"
+)
+
+// Keys of the store layout (see the package doc). Every key a pool writes is
+// built here, so no other file spells a prefix.
+const (
+	layoutKey   = "v"       // the layout version (layoutVersion)
+	registryKey = "x/pools" // every recorded pool's ranges: one address space
 )
 
 func defKey(pool string) string        { return "d/" + pool }
@@ -11,14 +21,24 @@ func ringKey(pool string) string       { return "g/" + pool }
 func hostKey(pool, host string) string { return "h/" + pool + "/" + host }
 func hostPrefix(pool string) string    { return "h/" + pool + "/" }
 func addrPrefix(pool string) string    { return "a/" + pool + "/" }
-func ownerKey(o Owner) string          { return "o/" + o.Network + "/" + o.ContainerID + "/" + o.IfName }
-func ownerPrefix(network string) string {
-	if network == "" {
+func ownerKey(o Owner) string          { return "o/" + o.String() }
+
+// ownersPrefix is the key prefix of every owner of kind on network; an empty
+// network means every network of the kind, an empty kind every owner.
+func ownersPrefix(kind Kind, network string) string {
+	switch {
+	case kind == "":
 		return "o/"
+	case network == "":
+		return "o/" + string(kind) + "/"
 	}
-	return "o/" + network + "/"
+	return "o/" + string(kind) + "/" + network + "/"
 }
-func resvKey(network, name string) string { return "r/" + network + "/" + name }
+
+// resvKey is the reservation record of name for owners of kind on network.
+func resvKey(kind Kind, network, name string) string {
+	return "r/" + string(kind) + "/" + network + "/" + name
+}
 
 // addrKey encodes an address so that keys sort in address order.
 func addrKey(pool string, v u128, is4 bool) string {
@@ -49,13 +69,76 @@ func parseAddrKey(key string) (u128, bool) {
 	return toU128(a), true
 }
 
-// holderValue is what an a/ key stores: the host and the owner.
-func holderValue(host string, o Owner) []byte { return []byte(host + " " + o.String()) }
-
-func parseHolder(v []byte) (host, owner string) {
-	s := string(v)
-	if i := strings.IndexByte(s, ' '); i >= 0 {
-		return s[:i], s[i+1:]
+// parseOwner is the inverse of Owner.String.
+func parseOwner(s string) (Owner, bool) {
+	parts := strings.Split(s, "/")
+	if len(parts) != 4 {
+		return Owner{}, false
 	}
-	return "", s
+	return Owner{Kind: Kind(parts[0]), Network: parts[1], ContainerID: parts[2], IfName: parts[3]}, true
+}
+
+// holder is what an a/ key stores: the host in whose ranges the address is
+// held, and either the owning Owner (as Owner.String) or, for an address
+// kept for a released reservation, the reservation and when the hold ends.
+//
+// Encoded as "<host> <owner>" or "<host> ~<unix seconds> <kind>/<network>/<name>";
+// an owner string starts with its kind, never with '~'.
+type holder struct {
+	Host  string
+	Owner string // set for an owner's address
+	// A hold: the reservation (kind, network, name) and its end.
+	HoldKind    Kind
+	HoldNetwork string
+	HoldName    string
+	Until       time.Time
+}
+
+func ownerHolder(host string, o Owner) holder { return holder{Host: host, Owner: o.String()} }
+
+func holdHolder(host string, kind Kind, network, name string, until time.Time) holder {
+	return holder{Host: host, HoldKind: kind, HoldNetwork: network, HoldName: name, Until: until}
+}
+
+// IsHold reports whether the address is kept for a released reservation.
+func (h holder) IsHold() bool { return h.HoldName != "" }
+
+// expired reports whether a hold has ended at now.
+func (h holder) expired(now time.Time) bool { return h.IsHold() && !now.Before(h.Until) }
+
+// heldFor reports whether h is a hold of reservation name of (kind, network).
+func (h holder) heldFor(kind Kind, network, name string) bool {
+	return h.IsHold() && h.HoldKind == kind && h.HoldNetwork == network && h.HoldName == name
+}
+
+func (h holder) encode() []byte {
+	if h.IsHold() {
+		return []byte(h.Host + " ~" + strconv.FormatInt(h.Until.Unix(), 10) + " " +
+			string(h.HoldKind) + "/" + h.HoldNetwork + "/" + h.HoldName)
+	}
+	return []byte(h.Host + " " + h.Owner)
+}
+
+// describe names who holds the address, for errors and listings.
+func (h holder) describe() string {
+	if h.IsHold() {
+		return fmt.Sprintf("reservation %s (%s network %s), held until %s", h.HoldName, h.HoldKind, h.HoldNetwork, h.Until.UTC().Format(time.RFC3339))
+	}
+	return h.Owner
+}
+
+func parseHolder(v []byte) holder {
+	s := string(v)
+	host, rest, _ := strings.Cut(s, " ")
+	if !strings.HasPrefix(rest, "~") {
+		return holder{Host: host, Owner: rest}
+	}
+	until, name, _ := strings.Cut(rest[1:], " ")
+	secs, _ := strconv.ParseInt(until, 10, 64)
+	kind, rest2, _ := strings.Cut(name, "/")
+	network, resv, _ := strings.Cut(rest2, "/")
+	if resv == "" {
+		resv = "?" // malformed; still a hold, never free
+	}
+	return holder{Host: host, HoldKind: Kind(kind), HoldNetwork: network, HoldName: resv, Until: time.Unix(secs, 0)}
 }

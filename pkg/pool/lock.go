@@ -61,6 +61,7 @@ type Stats struct {
 	commits     atomic.Int64
 	claims      atomic.Int64
 	strayErrors atomic.Int64
+	unavailable atomic.Int64
 }
 
 // StatsSnapshot is a copy of Stats.
@@ -71,10 +72,13 @@ type StatsSnapshot struct {
 	// StrayErrors counts handoffs whose strays could not be given back
 	// right away (the allocation stood; Check reports the range).
 	StrayErrors int64
+	// Unavailable counts store calls that failed as unreachable or timed
+	// out and were retried within the caller's deadline.
+	Unavailable int64
 }
 
 func (s *Stats) conflict() { s.conflicts.Add(1) }
 
 func (s *Stats) snapshot() StatsSnapshot {
-	return StatsSnapshot{Conflicts: s.conflicts.Load(), Commits: s.commits.Load(), Claims: s.claims.Load(), StrayErrors: s.strayErrors.Load()}
+	return StatsSnapshot{Conflicts: s.conflicts.Load(), Commits: s.commits.Load(), Claims: s.claims.Load(), StrayErrors: s.strayErrors.Load(), Unavailable: s.unavailable.Load()}
 }

@@ -39,7 +39,9 @@ func v4Def(name, cidr string) Def {
 
 func ipWant(pool string) []Want { return []Want{{Pool: pool, Role: RoleIP}} }
 
-func own(id string) Owner { return Owner{Network: "net", ContainerID: id, IfName: "eth0"} }
+func own(id string) Owner {
+	return Owner{Kind: KindCNI, Network: "net", ContainerID: id, IfName: "eth0"}
+}
 
 func TestAllocateIdempotentAndRelease(t *testing.T) {
 	ctx := context.Background()
@@ -251,7 +253,7 @@ func TestGCReleasesOnlyThisHostsStaleOwners(t *testing.T) {
 	if _, err := hosts[1].Allocate(ctx, Request{Owner: own("other-host"), Wants: ipWant("p")}); err != nil {
 		t.Fatal(err)
 	}
-	rel, err := hosts[0].GC(ctx, "net", []Owner{own("keep")})
+	rel, err := hosts[0].GC(ctx, KindCNI, "net", []Owner{own("keep")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,28 +332,15 @@ func TestUsageShowsHostsAndLastSeen(t *testing.T) {
 	}
 }
 
-// A host that left has its ranges tombstoned; another host claims such a
-// range only once no address in it is held any more.
+// A host that left has its ranges tombstoned; another host takes the free
+// holes of such a range at once, and the rest of it once it is empty.
 func TestTombstonedRangeIsClaimedOnceEmpty(t *testing.T) {
 	ctx := context.Background()
 	hosts := newHosts(t, v4Def("p", "198.18.0.0/29"), "gone", "h2") // .1-.6
 	if _, err := hosts[0].Allocate(ctx, Request{Owner: own("old"), Wants: ipWant("p")}); err != nil {
 		t.Fatal(err) // "gone" owns the whole pool and holds .1
 	}
-	st := hosts[0].Store()
-	kvs, _ := st.Get(ctx, defKey("p"), ringKey("p"))
-	def, _ := decodeDef("p", kvs[0])
-	var tokens []token
-	if err := json.Unmarshal(kvs[1].Value, &tokens); err != nil {
-		t.Fatal(err)
-	}
-	b, _ := json.Marshal(ringFrom(def, tokens).tombstone("gone").tokens)
-	if err := st.Commit(ctx, []store.Cond{store.Unchanged(kvs[1])}, []store.Op{store.Put(ringKey("p"), b)}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := hosts[1].Allocate(ctx, Request{Owner: own("new"), Wants: ipWant("p")}); !errors.Is(err, ErrNoCapacity) {
-		t.Fatalf("allocation while the tombstoned range still holds an address: %v, want no capacity", err)
-	}
+	tombstone(t, hosts[0].Store(), "p", "gone")
 	if _, _, err := hosts[0].Release(ctx, own("old")); err != nil {
 		t.Fatal(err)
 	}
@@ -360,7 +349,26 @@ func TestTombstonedRangeIsClaimedOnceEmpty(t *testing.T) {
 		t.Fatalf("allocation once the tombstoned range is empty: %v", err)
 	}
 	r, _ := hosts[1].RingOf(ctx, "p")
+	if len(r.Ranges) != 1 || r.Ranges[0].Host != "h2" || r.Ranges[0].Tombstone {
+		t.Fatalf("ring = %+v, want the whole empty tombstoned range h2's", r.Ranges)
+	}
 	if o, _ := r.Owner(al.Addrs[0].Addr); o.Host != "h2" || o.Tombstone {
 		t.Fatalf("range of %s = %+v, want h2's", al.Addrs[0].Addr, o)
+	}
+}
+
+// tombstone marks host's ranges of pool tombstoned, as rmpeer will.
+func tombstone(t *testing.T, st store.Store, pool, host string) {
+	t.Helper()
+	ctx := context.Background()
+	kvs, _ := st.Get(ctx, defKey(pool), ringKey(pool))
+	def, _ := decodeDef(pool, kvs[0])
+	var tokens []token
+	if err := json.Unmarshal(kvs[1].Value, &tokens); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := json.Marshal(ringFrom(def, tokens).tombstone(host).tokens)
+	if err := st.Commit(ctx, []store.Cond{store.Unchanged(kvs[1])}, []store.Op{store.Put(ringKey(pool), b)}); err != nil {
+		t.Fatal(err)
 	}
 }

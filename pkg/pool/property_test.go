@@ -124,7 +124,7 @@ func runProperty(t *testing.T, st store.Store, def Def, cfg propertyConfig) {
 func propertyStep(ctx context.Context, a *Allocator, rng *rand.Rand, live *liveSet, segs []span, def Def, mine *[]Owner, id string) error {
 	switch op := rng.IntN(10); {
 	case op < 5 || len(*mine) == 0: // dynamic allocation
-		o := Owner{Network: "prop", ContainerID: id, IfName: "eth0"}
+		o := Owner{Kind: KindCNI, Network: "prop", ContainerID: id, IfName: "eth0"}
 		al, err := a.Allocate(ctx, Request{Owner: o, Wants: []Want{{Pool: def.Name, Role: RoleIP}}})
 		if errors.Is(err, ErrNoCapacity) {
 			return nil
@@ -141,7 +141,7 @@ func propertyStep(ctx context.Context, a *Allocator, rng *rand.Rand, live *liveS
 			off = u128{lo: 1 << 20}
 		}
 		addr := s.lo.add(u128{lo: rng.Uint64N(off.lo)}).addr(def.is4())
-		o := Owner{Network: "prop", ContainerID: id, IfName: "eth0"}
+		o := Owner{Kind: KindCNI, Network: "prop", ContainerID: id, IfName: "eth0"}
 		al, err := a.Allocate(ctx, Request{Owner: o, Wants: []Want{{Pool: def.Name, Role: RoleIP, Addr: addr}}})
 		var inUse *InUseError
 		if errors.As(err, &inUse) {

@@ -23,7 +23,7 @@ func (a *Allocator) Lookup(ctx context.Context, owner Owner) (Allocation, bool, 
 }
 
 func (a *Allocator) lookup(ctx context.Context, owner Owner) (Allocation, bool, error) {
-	kvs, err := a.st.Get(ctx, ownerKey(owner))
+	kvs, err := a.get(ctx, ownerKey(owner))
 	if err != nil {
 		return Allocation{}, false, err
 	}
@@ -44,6 +44,7 @@ func decodeOwner(owner Owner, kv store.KV) (Allocation, bool, error) {
 
 // Filter selects allocations in List; empty fields match anything.
 type Filter struct {
+	Kind    Kind // the front end; a Network filter needs it to be cheap
 	Host    string
 	Network string
 	Pool    string
@@ -53,7 +54,10 @@ type Filter struct {
 func (a *Allocator) List(ctx context.Context, f Filter) ([]Allocation, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	prefix := ownerPrefix(f.Network)
+	if err := a.ensureLayout(ctx); err != nil {
+		return nil, err
+	}
+	prefix := ownersPrefix(f.Kind, f.Network)
 	kvs, err := a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
 	if err != nil {
 		return nil, err
@@ -63,6 +67,9 @@ func (a *Allocator) List(ctx context.Context, f Filter) ([]Allocation, error) {
 		var rec Allocation
 		if err := json.Unmarshal(kv.Value, &rec); err != nil {
 			return nil, fmt.Errorf("%s: stored allocation is corrupt: %w", kv.Key, err)
+		}
+		if f.Network != "" && rec.Owner.Network != f.Network {
+			continue
 		}
 		if f.Host != "" && rec.Host != f.Host {
 			continue
@@ -84,13 +91,13 @@ func holdsPool(a Allocation, pool string) bool {
 	return false
 }
 
-// GC releases this host's allocations on network whose owner is not in
-// valid, and returns them. Other hosts' allocations are never touched. It
-// goes through every stale owner even when one fails, and returns the
-// joined errors.
-func (a *Allocator) GC(ctx context.Context, network string, valid []Owner) ([]Allocation, error) {
-	if network == "" || strings.Contains(network, "/") {
-		return nil, fmt.Errorf("%w: GC needs a network name", ErrInvalid)
+// GC releases this host's allocations of front end kind on network whose
+// owner is not in valid, and returns them. Other hosts' allocations, and
+// other front ends' owners, are never touched. It goes through every stale
+// owner even when one fails, and returns the joined errors.
+func (a *Allocator) GC(ctx context.Context, kind Kind, network string, valid []Owner) ([]Allocation, error) {
+	if !kind.Valid() || network == "" || strings.Contains(network, "/") {
+		return nil, fmt.Errorf("%w: GC needs a front end kind and a network name", ErrInvalid)
 	}
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
@@ -98,7 +105,7 @@ func (a *Allocator) GC(ctx context.Context, network string, valid []Owner) ([]Al
 	for _, o := range valid {
 		keep[o.String()] = true
 	}
-	held, err := a.List(ctx, Filter{Host: a.host, Network: network})
+	held, err := a.List(ctx, Filter{Kind: kind, Host: a.host, Network: network})
 	if err != nil {
 		return nil, err
 	}
@@ -128,6 +135,7 @@ func (a *Allocator) Usage(ctx context.Context, pool string) (Usage, error) {
 	if err != nil {
 		return Usage{}, err
 	}
+	// Definition read the layout.
 	kvs, err := a.st.Scan(ctx, hostPrefix(pool), store.PrefixEnd(hostPrefix(pool)), 0)
 	if err != nil {
 		return Usage{}, err
@@ -155,7 +163,7 @@ func (a *Allocator) Usage(ctx context.Context, pool string) (Usage, error) {
 func (a *Allocator) RingOf(ctx context.Context, pool string) (Ring, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.st.Get(ctx, defKey(pool), ringKey(pool))
+	kvs, err := a.get(ctx, defKey(pool), ringKey(pool))
 	if err != nil {
 		return Ring{}, err
 	}
@@ -177,7 +185,9 @@ func (a *Allocator) RingOf(ctx context.Context, pool string) (Ring, error) {
 }
 
 // HolderOf returns the allocation that holds addr in pool, and false when
-// the address is free. It costs two reads whatever the pool's size.
+// the address is free. An address held for a released reservation comes
+// back as an Allocation with no container (Owner has only Kind and
+// Network) and Reservation set. It costs two reads whatever the pool's size.
 func (a *Allocator) HolderOf(ctx context.Context, pool string, addr netip.Addr) (Allocation, bool, error) {
 	if err := validName("pool name", pool); err != nil {
 		return Allocation{}, false, err
@@ -187,23 +197,21 @@ func (a *Allocator) HolderOf(ctx context.Context, pool string, addr netip.Addr) 
 	}
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.st.Get(ctx, addrKey(pool, toU128(addr), addr.Is4()))
+	kvs, err := a.get(ctx, addrKey(pool, toU128(addr), addr.Is4()))
 	if err != nil || !kvs[0].Exists() {
 		return Allocation{}, false, err
 	}
-	_, holder := parseHolder(kvs[0].Value)
-	owner, ok := parseOwner(holder)
+	h := parseHolder(kvs[0].Value)
+	if h.IsHold() {
+		if h.expired(a.now()) {
+			return Allocation{}, false, nil
+		}
+		return Allocation{Owner: Owner{Kind: h.HoldKind, Network: h.HoldNetwork}, Host: h.Host, Reservation: h.HoldName,
+			Addrs: []Assigned{{Pool: pool, Role: RoleIP, Addr: addr}}}, true, nil
+	}
+	owner, ok := parseOwner(h.Owner)
 	if !ok {
-		return Allocation{}, false, fmt.Errorf("%s: unparsable holder %q", kvs[0].Key, holder)
+		return Allocation{}, false, fmt.Errorf("%s: unparsable holder %q", kvs[0].Key, h.Owner)
 	}
 	return a.lookup(ctx, owner)
-}
-
-// parseOwner is the inverse of Owner.String.
-func parseOwner(s string) (Owner, bool) {
-	parts := strings.Split(s, "/")
-	if len(parts) != 3 {
-		return Owner{}, false
-	}
-	return Owner{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}, true
 }

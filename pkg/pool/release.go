@@ -4,21 +4,25 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"slices"
+	"time"
 
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
 // Release frees everything owner holds, in one transaction, and reports what
 // was released. Releasing an owner that holds nothing succeeds with false.
-// A reservation the owner held keeps remembering its addresses.
+// When the owner carried a reservation name, its addresses stay held for
+// that name for the reservation hold (WithReservationHold) instead of
+// becoming free.
 func (a *Allocator) Release(ctx context.Context, owner Owner) (Allocation, bool, error) {
 	if err := owner.Validate(); err != nil {
 		return Allocation{}, false, err
 	}
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.st.Get(ctx, ownerKey(owner))
+	kvs, err := a.get(ctx, ownerKey(owner))
 	if err != nil {
 		return Allocation{}, false, err
 	}
@@ -63,70 +67,143 @@ func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, ownerKV stor
 	if err != nil || !ok {
 		return Allocation{}, false, err
 	}
-	var keys []string
+	var ks keyset
 	var pools []string
 	for _, x := range rec.Addrs {
-		keys = append(keys, addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4()))
-	}
-	for _, x := range rec.Addrs {
+		ks.add(addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4()))
 		if !slices.Contains(pools, x.Pool) {
 			pools = append(pools, x.Pool)
-			keys = append(keys, hostKey(x.Pool, rec.Host))
+			ks.add(hostKey(x.Pool, rec.Host))
 		}
 	}
+	resvK := ""
 	if rec.Reservation != "" {
-		keys = append(keys, resvKey(owner.Network, rec.Reservation))
+		resvK = resvKey(owner.Kind, owner.Network, rec.Reservation)
+		ks.add(resvK)
 	}
-	got, err := a.st.Get(ctx, keys...)
+	got, err := a.st.Get(ctx, ks.keys...)
 	if err != nil {
 		return Allocation{}, false, err
 	}
 	conds := []store.Cond{store.Unchanged(ownerKV)}
 	ops := []store.Op{store.Delete(ownerKey(owner))}
-	freed := map[string]uint64{}
-	for i, x := range rec.Addrs {
-		kv := got[i]
-		if !kv.Exists() {
-			continue
+
+	// A reservation this owner holds keeps its addresses for the hold.
+	var resv reservation
+	var resvKV store.KV
+	hold := false
+	until := a.now().Add(a.hold)
+	if resvK != "" {
+		resvKV = ks.kv(got, resvK)
+		if resvKV.Exists() && json.Unmarshal(resvKV.Value, &resv) == nil && resv.Owner == owner.String() {
+			hold = a.hold > 0
+			resv.Owner = ""
+			resv.Until = 0
+			if hold {
+				resv.Until = until.Unix()
+			}
+			b, _ := json.Marshal(resv)
+			conds = append(conds, store.Unchanged(resvKV))
+			ops = append(ops, store.Put(resvKV.Key, b))
 		}
-		if _, holder := parseHolder(kv.Value); holder != owner.String() {
+	}
+	freed := map[string]uint64{}
+	for _, x := range rec.Addrs {
+		kv := ks.kv(got, addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4()))
+		if !kv.Exists() || parseHolder(kv.Value).Owner != owner.String() {
 			continue // not ours (should not happen): never free another owner's address
 		}
 		conds = append(conds, store.Unchanged(kv))
-		ops = append(ops, store.Delete(kv.Key))
+		if hold {
+			ops = append(ops, store.Put(kv.Key, holdHolder(rec.Host, owner.Kind, owner.Network, rec.Reservation, until).encode()))
+		} else {
+			ops = append(ops, store.Delete(kv.Key))
+		}
 		freed[x.Pool]++
 	}
-	for i, p := range pools {
-		kv := got[len(rec.Addrs)+i]
+	for _, p := range pools {
+		if freed[p] == 0 {
+			continue
+		}
+		kv := ks.kv(got, hostKey(p, rec.Host))
 		var hs hostState
 		if kv.Exists() {
 			if err := json.Unmarshal(kv.Value, &hs); err != nil {
 				return Allocation{}, false, fmt.Errorf("pool %s host %s: corrupt state: %w", p, rec.Host, err)
 			}
 		}
-		if freed[p] == 0 {
-			continue
-		}
 		hs.Used -= min(hs.Used, freed[p])
 		b, _ := json.Marshal(hs)
 		conds = append(conds, store.Unchanged(kv))
 		ops = append(ops, store.Put(kv.Key, b))
-	}
-	if rec.Reservation != "" {
-		kv := got[len(got)-1]
-		var r reservation
-		if kv.Exists() {
-			if err := json.Unmarshal(kv.Value, &r); err == nil && r.Owner == owner.String() {
-				r.Owner = ""
-				b, _ := json.Marshal(r)
-				conds = append(conds, store.Unchanged(kv))
-				ops = append(ops, store.Put(kv.Key, b))
-			}
-		}
 	}
 	if err := a.st.Commit(ctx, conds, ops); err != nil {
 		return Allocation{}, false, err
 	}
 	a.stats.commits.Add(1)
 	return rec, true, nil
+}
+
+// Hold is an address kept for a released reservation.
+type Hold struct {
+	Pool        string
+	Addr        netip.Addr
+	Host        string
+	Kind        Kind
+	Network     string
+	Reservation string
+	Until       time.Time
+}
+
+// DropHold frees the addresses held for reservation name of (kind, network)
+// at once, and forgets the name unless an owner holds it now. It returns the
+// holds it dropped; a name with no hold drops nothing and succeeds.
+func (a *Allocator) DropHold(ctx context.Context, kind Kind, network, name string) ([]Hold, error) {
+	if !kind.Valid() || network == "" || name == "" {
+		return nil, fmt.Errorf("%w: DropHold needs a kind, a network and a reservation name", ErrInvalid)
+	}
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	var dropped []Hold
+	err := a.run(ctx, func(int) error {
+		dropped = nil
+		kvs, err := a.get(ctx, resvKey(kind, network, name))
+		if err != nil {
+			return err
+		}
+		rkv := kvs[0]
+		if !rkv.Exists() {
+			return nil
+		}
+		var r reservation
+		if err := json.Unmarshal(rkv.Value, &r); err != nil {
+			return fmt.Errorf("reservation %s: corrupt: %w", name, err)
+		}
+		var keys []string
+		for _, x := range r.Addrs {
+			keys = append(keys, addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4()))
+		}
+		held, err := a.st.Get(ctx, keys...)
+		if err != nil {
+			return err
+		}
+		conds := []store.Cond{store.Unchanged(rkv)}
+		var ops []store.Op
+		for i, kv := range held {
+			h := parseHolder(kv.Value)
+			if !kv.Exists() || !h.heldFor(kind, network, name) {
+				continue
+			}
+			conds = append(conds, store.Unchanged(kv))
+			ops = append(ops, store.Delete(kv.Key))
+			dropped = append(dropped, Hold{Pool: r.Addrs[i].Pool, Addr: r.Addrs[i].Addr, Host: h.Host, Kind: kind, Network: network, Reservation: name, Until: h.Until})
+		}
+		if r.Owner == "" {
+			ops = append(ops, store.Delete(rkv.Key))
+		} else if len(ops) == 0 {
+			return nil
+		}
+		return a.st.Commit(ctx, conds, ops)
+	})
+	return dropped, err
 }

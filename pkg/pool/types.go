@@ -21,39 +21,92 @@ type Range struct {
 // Def defines a pool: one or more ranges of one address family, plus
 // addresses or CIDRs that are never handed out. Every host that uses a pool
 // must be given the same Def; the first user records it in the store.
+//
+// A store is one address space: a pool whose ranges overlap another
+// recorded pool's is refused (*OverlapError), unless one of them is
+// Isolated, an explicit opt-out for networks that are truly separate L2
+// segments.
 type Def struct {
-	Name    string         `json:"name"`
-	Ranges  []Range        `json:"ranges"`
-	Exclude []netip.Prefix `json:"exclude,omitempty"`
+	Name     string         `json:"name"`
+	Ranges   []Range        `json:"ranges"`
+	Exclude  []netip.Prefix `json:"exclude,omitempty"`
+	Isolated bool           `json:"isolated,omitempty"`
 }
 
-// Owner identifies who holds an allocation. For CNI it is (network,
-// container ID, interface name), the uniqueness key of the CNI spec; the
-// Docker driver uses (network, endpoint MAC, "").
+// Kind is the front end an owner belongs to. Every listing, GC and CHECK is
+// scoped to one kind, so one front end never touches another's owners even
+// when their network names coincide.
+type Kind string
+
+const (
+	KindCNI      Kind = "cni"     // the ipam-ring CNI plugin
+	KindDocker   Kind = "docker"  // the Docker libnetwork IPAM driver
+	KindPort     Kind = "port"    // the portmap-ingress plugin
+	KindOperator Kind = "ringctl" // addresses an operator holds by hand
+)
+
+// Valid reports whether k is one of the known kinds.
+func (k Kind) Valid() bool {
+	switch k {
+	case KindCNI, KindDocker, KindPort, KindOperator:
+		return true
+	}
+	return false
+}
+
+// Owner identifies who holds an allocation: a front end (Kind) and, within
+// it, (network, container ID, interface name), the uniqueness key of the
+// CNI spec. The Docker driver uses (pool, endpoint MAC, "").
 type Owner struct {
+	Kind        Kind   `json:"kind"`
 	Network     string `json:"network"`
 	ContainerID string `json:"containerID"`
 	IfName      string `json:"ifName,omitempty"`
 }
 
-// String renders the owner as network/containerID/ifName.
+// String renders the owner as kind/network/containerID/ifName, the form
+// stored in address keys and reservation records (parseOwner inverts it).
 func (o Owner) String() string {
-	return o.Network + "/" + o.ContainerID + "/" + o.IfName
+	return string(o.Kind) + "/" + o.Network + "/" + o.ContainerID + "/" + o.IfName
 }
 
-// Validate rejects owners whose parts would break the store's key layout.
+// maxOwnerPart bounds each part of an owner (and a reservation name), so a
+// key stays far below every backend's key size limit.
+const maxOwnerPart = 253
+
+// Validate rejects owners whose parts would break the store's key layout:
+// an unknown kind, an empty network or container ID, a '/' (it would make
+// one owner's keys a prefix of another's), control characters, or a part
+// longer than 253 bytes.
 func (o Owner) Validate() error {
+	if !o.Kind.Valid() {
+		return fmt.Errorf("%w: owner kind %q is not one of cni, docker, port, ringctl", ErrInvalid, o.Kind)
+	}
 	for _, part := range []struct{ name, v string }{{"network", o.Network}, {"container ID", o.ContainerID}} {
 		if part.v == "" {
 			return fmt.Errorf("%w: owner %s is empty", ErrInvalid, part.name)
 		}
 	}
 	for _, v := range []string{o.Network, o.ContainerID, o.IfName} {
-		if strings.ContainsAny(v, "/\x00") || len(v) > 253 {
-			return fmt.Errorf("%w: owner part %q may not contain '/' or NUL, nor exceed 253 bytes", ErrInvalid, v)
+		if len(v) > maxOwnerPart {
+			return fmt.Errorf("%w: owner part of %d bytes exceeds %d", ErrInvalid, len(v), maxOwnerPart)
+		}
+		if strings.ContainsRune(v, '/') || hasControl(v) {
+			return fmt.Errorf("%w: owner part %q may not contain '/' or control characters", ErrInvalid, v)
 		}
 	}
 	return nil
+}
+
+// hasControl reports whether s holds an ASCII control character (NUL,
+// newline, ...) or DEL.
+func hasControl(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return true
+		}
+	}
+	return false
 }
 
 // Role names what an allocated address is for. An owner holds at most one
@@ -79,7 +132,9 @@ type Request struct {
 	Owner Owner
 	// Reservation is an optional stable name (a pod's namespace/name, a
 	// Docker container name) under which the owner's addresses are
-	// remembered, so that a recreated owner with the same name gets them back.
+	// remembered, so that a recreated owner with the same name gets them
+	// back. Names are scoped by the owner's kind and network. After a
+	// release the addresses stay held for the name (see WithReservationHold).
 	Reservation string
 	Wants       []Want
 	// Defs, when given, are the definitions of the wanted pools as this

@@ -82,7 +82,7 @@ func OpenAllocator(ctx context.Context, c *Config) (Allocator, func() error, err
 		return nil, nil, fmt.Errorf("opening store: %w", err)
 	}
 	a, err := pool.New(st, c.Host, pool.WithTimeout(c.Timeout), pool.WithRetry(contentionRetry()),
-		pool.WithHostLock(hostlock.DefaultDir))
+		pool.WithHostLock(hostlock.DefaultDir), pool.WithReservationHold(c.ReservationHold))
 	if err != nil {
 		st.Close()
 		return nil, nil, fmt.Errorf("%w: host %q: %w", ErrBadConfig, c.Host, err)

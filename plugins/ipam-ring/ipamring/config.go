@@ -91,6 +91,9 @@ type Config struct {
 	// PerContainerPrefix is the prefix mode of per-container results.
 	PerContainerPrefix PrefixMode
 	Timeout            time.Duration
+	// ReservationHold is how long a released address stays held for its
+	// reservation name (pool.WithReservationHold).
+	ReservationHold time.Duration
 	// Store is the raw "store" object, validated by Load (see store.go).
 	Store storeSettings
 	// Chained marks ipam-ring invoked as a chained plugin of a conflist
@@ -136,6 +139,8 @@ type ipamJSON struct {
 	GatewayMode        string          `json:"gatewayMode"`
 	PerContainerPrefix string          `json:"perContainerPrefix"`
 	Timeout            string          `json:"timeout"`
+	ReservationHold    string          `json:"reservationHold"`
+	Isolated           bool            `json:"isolated"`
 	// host-local's legacy single range, accepted like host-local does.
 	Subnet     string `json:"subnet"`
 	RangeStart string `json:"rangeStart"`
@@ -186,14 +191,15 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 		return nil, badConfig("cannot parse \"ipam\": %v", err)
 	}
 	c := &Config{
-		CNIVersion:  n.CNIVersion,
-		Network:     n.Name,
-		Host:        im.Host,
-		Routes:      im.Routes,
-		DNS:         im.DNS,
-		GatewayMode: GatewayMode(im.GatewayMode),
-		Timeout:     DefaultTimeout,
-		Chained:     n.Chained,
+		CNIVersion:      n.CNIVersion,
+		Network:         n.Name,
+		Host:            im.Host,
+		Routes:          im.Routes,
+		DNS:             im.DNS,
+		GatewayMode:     GatewayMode(im.GatewayMode),
+		Timeout:         DefaultTimeout,
+		ReservationHold: pool.DefaultReservationHold,
+		Chained:         n.Chained,
 	}
 	if c.CNIVersion == "" {
 		c.CNIVersion = "0.1.0" // what the CNI spec assumes when it is absent
@@ -211,6 +217,13 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 			return nil, badConfig("timeout %q is not a positive duration such as \"30s\"", im.Timeout)
 		}
 		c.Timeout = d
+	}
+	if im.ReservationHold != "" {
+		d, err := time.ParseDuration(im.ReservationHold)
+		if err != nil || d < 0 {
+			return nil, badConfig("reservationHold %q is not a duration such as \"10m\" (\"0s\": no hold)", im.ReservationHold)
+		}
+		c.ReservationHold = d
 	}
 	switch c.GatewayMode {
 	case "":
@@ -325,6 +338,9 @@ func (c *Config) loadRangeSets(n *netJSON, im *ipamJSON) error {
 			return badConfig("ranges[%d]: %v", i, err)
 		}
 		c.RangeSets = append(c.RangeSets, RangeSet{Def: def})
+	}
+	for i := range c.RangeSets {
+		c.RangeSets[i].Def.Isolated = im.Isolated
 	}
 	if len(c.RangeSets) == 0 {
 		return badConfig("no IP ranges specified (\"ranges\" is empty)")

@@ -25,7 +25,7 @@ type Allocator interface {
 	Release(ctx context.Context, owner pool.Owner) (pool.Allocation, bool, error)
 	Lookup(ctx context.Context, owner pool.Owner) (pool.Allocation, bool, error)
 	List(ctx context.Context, f pool.Filter) ([]pool.Allocation, error)
-	GC(ctx context.Context, network string, valid []pool.Owner) ([]pool.Allocation, error)
+	GC(ctx context.Context, kind pool.Kind, network string, valid []pool.Owner) ([]pool.Allocation, error)
 	Usage(ctx context.Context, name string) (pool.Usage, error)
 }
 
@@ -38,7 +38,7 @@ type Attachment struct {
 
 // Owner is the pool owner of attachment at on c's network.
 func (c *Config) Owner(at Attachment) pool.Owner {
-	return pool.Owner{Network: c.Network, ContainerID: at.ContainerID, IfName: at.IfName}
+	return pool.Owner{Kind: pool.KindCNI, Network: c.Network, ContainerID: at.ContainerID, IfName: at.IfName}
 }
 
 // Defs returns the pool definitions of every range set, in order.
@@ -323,9 +323,9 @@ func GC(ctx context.Context, a Allocator, c *Config) ([]pool.Allocation, error) 
 	}
 	valid := make([]pool.Owner, 0, len(c.Valid))
 	for _, v := range c.Valid {
-		valid = append(valid, pool.Owner{Network: c.Network, ContainerID: v.ContainerID, IfName: v.IfName})
+		valid = append(valid, pool.Owner{Kind: pool.KindCNI, Network: c.Network, ContainerID: v.ContainerID, IfName: v.IfName})
 	}
-	released, err := a.GC(ctx, c.Network, valid)
+	released, err := a.GC(ctx, pool.KindCNI, c.Network, valid)
 	if err != nil {
 		return released, fmt.Errorf("garbage-collecting network %s: %w", c.Network, err)
 	}
