@@ -64,7 +64,7 @@ func TestPerContainerPtp(t *testing.T) {
 	tb.inspect(t, func(ctx context.Context, a *pool.Allocator) {
 		m := containernet.NewManager(a)
 		for i, c := range cs {
-			owner := pool.Owner{Network: network, ContainerID: c.rt.ContainerID, IfName: "eth0"}
+			owner := pool.Owner{Kind: pool.KindCNI, Network: network, ContainerID: c.rt.ContainerID, IfName: "eth0"}
 			for fam, p := range pools {
 				n, ok, err := m.Lookup(ctx, owner, p)
 				if err != nil || !ok {
