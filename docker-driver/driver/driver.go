@@ -284,7 +284,8 @@ func (d *Driver) gateway(ctx context.Context, pid poolID, want netip.Addr) (neti
 			d.log.Info("recorded pool", "pool", pid.Pool, "subnet", pid.Subnet, "range", fmt.Sprintf("%s-%s", pid.Start, pid.End), "gateway", gw)
 			return gw, nil
 		}
-		if !errors.Is(err, pool.ErrDefinitionMismatch) {
+		var overlap *pool.OverlapError
+		if !errors.Is(err, pool.ErrDefinitionMismatch) || errors.As(err, &overlap) {
 			return netip.Addr{}, err
 		}
 		// Another host recorded it meanwhile: check against that.

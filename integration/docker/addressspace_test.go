@@ -1,0 +1,142 @@
+//go:build integration
+
+package docker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/ringipam/ringipam/integration/cnitest"
+	"github.com/ringipam/ringipam/integration/netns"
+	"github.com/ringipam/ringipam/internal/testenv"
+)
+
+// cniRun runs the real ipam-ring binary for one verb and returns its stdout,
+// or an error carrying the CNI error JSON it printed.
+func cniRun(conf []byte, command, containerID string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, cnitest.IPAMBin)
+	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + containerID, "CNI_NETNS=/var/run/netns/unused",
+		"CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(cnitest.IPAMBin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin = bytes.NewReader(conf)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.Bytes(), fmt.Errorf("ipam-ring %s %s: %v: %s %s", command, containerID, err, stdout.Bytes(), stderr.Bytes())
+	}
+	return stdout.Bytes(), nil
+}
+
+func cniConf(t *testing.T, version, network, host string, pools []string, subnet netip.Prefix, st storeSpec, extra map[string]any) []byte {
+	t.Helper()
+	ipamConf := map[string]any{
+		"type": "ipam-ring", "host": host,
+		"ranges": [][]map[string]string{{{"subnet": subnet.String()}}},
+		"store":  map[string]any{"type": "etcd", "endpoints": st.endpoints, "prefix": st.prefix},
+	}
+	if pools != nil {
+		ipamConf["pools"] = pools
+	}
+	conf := map[string]any{"cniVersion": version, "name": network, "type": "bridge", "ipam": ipamConf}
+	for k, v := range extra {
+		conf[k] = v
+	}
+	b, err := json.Marshal(conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// cniError returns the CNI error code and message in a plugin's failure output.
+func cniError(t *testing.T, out []byte) (uint, string) {
+	t.Helper()
+	var e struct {
+		Code uint   `json:"code"`
+		Msg  string `json:"msg"`
+	}
+	if err := json.Unmarshal(out, &e); err != nil {
+		t.Fatalf("plugin output %q is not a CNI error: %v", out, err)
+	}
+	return e.Code, e.Msg
+}
+
+// Issue 8, items 1 and 2 end to end on one real etcd, the real ipam-ring
+// binary and the real driver under a real dockerd.
+func TestFrontEndsShareOneAddressSpace(t *testing.T) {
+	requireDocker(t)
+	e := testenv.StartEtcd(t)
+	st := storeSpec{endpoints: e.Endpoints(), prefix: "/" + netns.Unique("ras") + "/"}
+	drv := startDriver(t, "dockerhost", st)
+	d := startDockerd(t, "dockerhost", false)
+	s := st.open(t)
+
+	t.Run("CNI GC never releases Docker's endpoints", func(t *testing.T) {
+		// A CNI network named like the Docker pool, on the same host name
+		// and the same (shared) pool: in layout 1 its owners and Docker's
+		// shared one key space.
+		subnet := netip.MustParsePrefix("198.18.110.0/26")
+		d.must("network", "create", "--ipam-driver", drv.name, "--subnet", subnet.String(), "--ipam-opt", "pool=shared", "dnet")
+		names := runContainers(t, d, "dnet", "gc-", 3)
+		gw := gateway(t, d, names[0], "dnet")
+		dock := addrs(t, d, "dnet", subnet, gw, names)
+		conf := cniConf(t, "1.1.0", "shared", "dockerhost", []string{"shared"}, subnet, st, nil)
+		if _, err := cniRun(conf, "ADD", "cni-stale"); err != nil {
+			t.Fatal(err)
+		}
+		gcConf := cniConf(t, "1.1.0", "shared", "dockerhost", []string{"shared"}, subnet, st,
+			map[string]any{"cni.dev/valid-attachments": []any{}})
+		if _, err := cniRun(gcConf, "GC", ""); err != nil {
+			t.Fatal(err)
+		}
+		if h := keys(held(t, s, "shared", "dockerhost")); !mapsEqual(h, keys(dock)) {
+			t.Fatalf("after a CNI GC with an empty valid list the store holds %v; Docker's containers have %v", h, dock)
+		}
+		if got := d.running(); len(got) < len(names) {
+			t.Fatalf("running containers after the GC: %v", got)
+		}
+		checkPool(t, s, "shared")
+	})
+
+	t.Run("a Docker network and a CNI network on one subnet without a shared pool name", func(t *testing.T) {
+		subnet := netip.MustParsePrefix("198.18.111.0/24")
+		d.must("network", "create", "--ipam-driver", drv.name, "--subnet", subnet.String(), "dfirst")
+		out, err := cniRun(cniConf(t, "1.0.0", "cnisecond", "cnihost", nil, subnet, st, nil), "ADD", "c1")
+		if err == nil {
+			t.Fatal("CNI ADD on a subnet a Docker network holds under another pool name succeeded")
+		}
+		code, msg := cniError(t, out)
+		if code != 103 {
+			t.Fatalf("code %d, want 103: %s", code, out)
+		}
+		for _, want := range []string{"overlaps pool 198.18.111.0-24", `"pools": ["198.18.111.0-24"]`, "isolated"} {
+			if !strings.Contains(msg, want) {
+				t.Errorf("message %q does not say %q", msg, want)
+			}
+		}
+	})
+
+	t.Run("a CNI network first, then a Docker network on its subnet", func(t *testing.T) {
+		subnet := netip.MustParsePrefix("198.18.112.0/24")
+		if _, err := cniRun(cniConf(t, "1.0.0", "cnifirst", "cnihost", nil, subnet, st, nil), "ADD", "c1"); err != nil {
+			t.Fatal(err)
+		}
+		out, err := d.docker("network", "create", "--ipam-driver", drv.name, "--subnet", subnet.String(), "dsecond")
+		if err == nil {
+			t.Fatalf("docker network create on a subnet of CNI pool cnifirst-0 succeeded: %s", out)
+		}
+		if !strings.Contains(out, "overlaps pool cnifirst-0") || !strings.Contains(out, "--ipam-opt pool=cnifirst-0") {
+			t.Fatalf("docker says %q; want the overlap with cnifirst-0 and how to share it", out)
+		}
+		// Sharing it by name works.
+		d.must("network", "create", "--ipam-driver", drv.name, "--subnet", subnet.String(), "--ipam-opt", "pool=cnifirst-0", "dshared")
+	})
+}
