@@ -14,27 +14,36 @@
 // host. Metadata grows with the number of ranges, never with the size of the
 // pool: an IPv6 /48 costs what an IPv4 /24 costs.
 //
-// Every allocation has an Owner (network, container ID, interface). Allocate
-// is idempotent per owner. A Reservation name remembers an owner's addresses
-// so that a recreated owner with the same name gets them back when free.
+// Every allocation has an Owner: a front end (Kind: cni, docker, port,
+// ringctl) and within it (network, container ID, interface). Listings, GC
+// and CHECK are scoped to one kind. Allocate is idempotent per owner. A
+// Reservation name remembers an owner's addresses; after a release they stay
+// held for the name (WithReservationHold), then remain a preference.
+//
+// A store is one address space: a pool whose ranges overlap a recorded
+// pool's is refused (*OverlapError) unless one of them is Isolated.
 // A host hands out addresses round robin: a released address comes back only
 // after the host's other free addresses were used.
 //
 // # Store layout (keys relative to the backend's prefix)
 //
+//	v                        layout version ("2"; an older store migrates once)
+//	x/pools                  registry of every recorded pool's ranges
 //	d/<pool>                 pool definition (immutable once recorded)
 //	g/<pool>                 the ring: ordered tokens {start, host, tombstone}
 //	h/<pool>/<host>          host state in the pool: round-robin cursor, addresses used
-//	a/<pool>/<hex address>   "<host> <owner>": the address is held (uniqueness key)
-//	o/<network>/<ctr>/<if>   the owner's allocation
-//	r/<network>/<name>       a reservation: its current holder and remembered addresses
+//	a/<pool>/<hex address>   "<host> <owner>", or a reservation's hold: the address is taken (uniqueness key)
+//	o/<kind>/<net>/<ctr>/<if> the owner's allocation
+//	r/<kind>/<network>/<name> a reservation: its holder, remembered addresses, end of hold
 //
 // # Transactions and errors
 //
 // Every change (all families of a request, owner record and reservation
 // included) is one store commit conditioned on what was read; conflicts are
-// retried a bounded number of times and then reported as ErrTryAgain. Store
-// unavailability is passed through wrapped (store.ErrUnavailable). Nothing is
+// retried a bounded number of times and then reported as ErrTryAgain. An
+// unavailable store is retried while the caller's deadline lasts (a timed-out
+// commit is ambiguous; every operation is idempotent), then passed through
+// wrapped (store.ErrUnavailable). Nothing is
 // half-written: a failed commit writes nothing. An Allocator is safe for
 // concurrent use.
 package pool
