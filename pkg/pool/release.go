@@ -15,18 +15,56 @@ import (
 // was released. Releasing an owner that holds nothing succeeds with false.
 // When the owner carried a reservation name, its addresses stay held for
 // that name for the reservation hold (WithReservationHold) instead of
-// becoming free.
+// becoming free. It costs three round trips; ReleaseWith, given the right
+// hint, two.
 func (a *Allocator) Release(ctx context.Context, owner Owner) (Allocation, bool, error) {
+	return a.ReleaseWith(ctx, owner, ReleaseHint{})
+}
+
+// ReleaseHint names what a caller expects the owner to hold, so that the
+// first read of a release also reads the keys its commit depends on (the
+// host states of those pools on this host, the reservation). A wrong or
+// empty hint costs one more read, never a wrong release.
+type ReleaseHint struct {
+	Pools       []string
+	Reservation string
+}
+
+// ReleaseWith is Release with a hint (see ReleaseHint).
+//
+// It rests on one invariant of the layout: an address key listed in an
+// owner record is written only in a commit that also writes that record.
+// So while the record is unchanged (the commit's condition) its address
+// keys are the owner's, and the release deletes (or turns into holds)
+// them without reading them.
+func (a *Allocator) ReleaseWith(ctx context.Context, owner Owner, hint ReleaseHint) (Allocation, bool, error) {
 	if err := owner.Validate(); err != nil {
+		return Allocation{}, false, err
+	}
+	if err := validReservation(hint.Reservation); err != nil {
 		return Allocation{}, false, err
 	}
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.get(ctx, ownerKey(owner))
+	var ks keyset
+	ks.add(ownerKey(owner))
+	for _, p := range hint.Pools {
+		if validName("pool name", p) == nil {
+			ks.add(hostKey(p, a.host))
+		}
+	}
+	if hint.Reservation != "" {
+		ks.add(resvKey(owner.Kind, owner.Network, hint.Reservation))
+	}
+	kvs, err := a.get(ctx, ks.keys...)
 	if err != nil {
 		return Allocation{}, false, err
 	}
-	cur, ok, err := decodeOwner(owner, kvs[0])
+	known := map[string]store.KV{}
+	for _, kv := range kvs {
+		known[kv.Key] = kv
+	}
+	cur, ok, err := decodeOwner(owner, known[ownerKey(owner)])
 	if err != nil || !ok {
 		return Allocation{}, false, err
 	}
@@ -39,62 +77,73 @@ func (a *Allocator) Release(ctx context.Context, owner Owner) (Allocation, bool,
 		return Allocation{}, false, err
 	}
 	defer unlock()
-	// The first attempt commits against the record read above (the commit
-	// is conditioned on it, so a change while waiting for the lock is a
-	// conflict); later attempts read it again.
-	ownerKV := kvs[0]
+	// The first attempt commits against what was read above (the commit is
+	// conditioned on it, so a change while waiting for the lock is a
+	// conflict); later attempts read again.
 	var released Allocation
 	var found bool
 	err = a.run(ctx, func(attempt int) error {
 		if attempt > 0 {
+			clear(known)
 			kvs, err := a.st.Get(ctx, ownerKey(owner))
 			if err != nil {
 				return err
 			}
-			ownerKV = kvs[0]
+			known[kvs[0].Key] = kvs[0]
 		}
 		var err error
-		released, found, err = a.releaseRecord(ctx, owner, ownerKV)
+		released, found, err = a.releaseRecord(ctx, owner, known)
 		return err
 	})
 	return released, found, err
 }
 
-// releaseRecord frees what the owner record ownerKV lists, in one commit
-// conditioned on that record being unchanged.
-func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, ownerKV store.KV) (Allocation, bool, error) {
+// releaseRecord frees what owner's record (in known) lists, in one commit
+// conditioned on that record being unchanged. known holds keys already
+// read; the others the commit depends on are read now.
+func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, known map[string]store.KV) (Allocation, bool, error) {
+	ownerKV := known[ownerKey(owner)]
 	rec, ok, err := decodeOwner(owner, ownerKV)
 	if err != nil || !ok {
 		return Allocation{}, false, err
 	}
-	var ks keyset
 	var pools []string
+	var need []string
 	for _, x := range rec.Addrs {
-		ks.add(addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4()))
 		if !slices.Contains(pools, x.Pool) {
 			pools = append(pools, x.Pool)
-			ks.add(hostKey(x.Pool, rec.Host))
+			need = append(need, hostKey(x.Pool, rec.Host))
 		}
 	}
 	resvK := ""
 	if rec.Reservation != "" {
 		resvK = resvKey(owner.Kind, owner.Network, rec.Reservation)
-		ks.add(resvK)
+		need = append(need, resvK)
 	}
-	got, err := a.st.Get(ctx, ks.keys...)
-	if err != nil {
-		return Allocation{}, false, err
+	var missing []string
+	for _, k := range need {
+		if _, ok := known[k]; !ok {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) > 0 {
+		got, err := a.st.Get(ctx, missing...)
+		if err != nil {
+			return Allocation{}, false, err
+		}
+		for _, kv := range got {
+			known[kv.Key] = kv
+		}
 	}
 	conds := []store.Cond{store.Unchanged(ownerKV)}
 	ops := []store.Op{store.Delete(ownerKey(owner))}
 
 	// A reservation this owner holds keeps its addresses for the hold.
-	var resv reservation
-	var resvKV store.KV
 	hold := false
 	until := a.now().Add(a.hold)
 	if resvK != "" {
-		resvKV = ks.kv(got, resvK)
+		resvKV := known[resvK]
+		var resv reservation
 		if resvKV.Exists() && json.Unmarshal(resvKV.Value, &resv) == nil && resv.Owner == owner.String() {
 			hold = a.hold > 0
 			resv.Owner = ""
@@ -109,23 +158,16 @@ func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, ownerKV stor
 	}
 	freed := map[string]uint64{}
 	for _, x := range rec.Addrs {
-		kv := ks.kv(got, addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4()))
-		if !kv.Exists() || parseHolder(kv.Value).Owner != owner.String() {
-			continue // not ours (should not happen): never free another owner's address
-		}
-		conds = append(conds, store.Unchanged(kv))
+		key := addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4())
 		if hold {
-			ops = append(ops, store.Put(kv.Key, holdHolder(rec.Host, owner.Kind, owner.Network, rec.Reservation, until).encode()))
+			ops = append(ops, store.Put(key, holdHolder(rec.Host, owner.Kind, owner.Network, rec.Reservation, until).encode()))
 		} else {
-			ops = append(ops, store.Delete(kv.Key))
+			ops = append(ops, store.Delete(key))
 		}
 		freed[x.Pool]++
 	}
 	for _, p := range pools {
-		if freed[p] == 0 {
-			continue
-		}
-		kv := ks.kv(got, hostKey(p, rec.Host))
+		kv := known[hostKey(p, rec.Host)]
 		var hs hostState
 		if kv.Exists() {
 			if err := json.Unmarshal(kv.Value, &hs); err != nil {
@@ -133,6 +175,9 @@ func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, ownerKV stor
 			}
 		}
 		hs.Used -= min(hs.Used, freed[p])
+		if rec.Host == a.host {
+			hs.Seen = a.now().Unix()
+		}
 		b, _ := json.Marshal(hs)
 		conds = append(conds, store.Unchanged(kv))
 		ops = append(ops, store.Put(kv.Key, b))

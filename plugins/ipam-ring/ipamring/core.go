@@ -23,6 +23,7 @@ type Allocator interface {
 	Definition(ctx context.Context, name string) (pool.Def, error)
 	Allocate(ctx context.Context, req pool.Request) (pool.Allocation, error)
 	Release(ctx context.Context, owner pool.Owner) (pool.Allocation, bool, error)
+	ReleaseWith(ctx context.Context, owner pool.Owner, hint pool.ReleaseHint) (pool.Allocation, bool, error)
 	Lookup(ctx context.Context, owner pool.Owner) (pool.Allocation, bool, error)
 	List(ctx context.Context, f pool.Filter) ([]pool.Allocation, error)
 	GC(ctx context.Context, kind pool.Kind, network string, valid []pool.Owner) ([]pool.Allocation, error)
@@ -252,7 +253,13 @@ func Add(ctx context.Context, a Allocator, c *Config, at Attachment) (*current.R
 // Del releases everything attachment at holds on c's network (in
 // per-container mode: ip and gateway). It succeeds when nothing is held.
 func Del(ctx context.Context, a Allocator, c *Config, at Attachment) error {
-	if _, _, err := a.Release(ctx, c.Owner(at)); err != nil {
+	// The configured pools and reservation tell the release which keys to
+	// read with the owner record: one read and one commit.
+	hint := pool.ReleaseHint{Reservation: c.Reservation}
+	for _, d := range c.Defs() {
+		hint.Pools = append(hint.Pools, d.Name)
+	}
+	if _, _, err := a.ReleaseWith(ctx, c.Owner(at), hint); err != nil {
 		return fmt.Errorf("releasing %s: %w", c.Owner(at), err)
 	}
 	return nil
