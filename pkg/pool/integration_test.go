@@ -249,3 +249,20 @@ func BenchmarkStoreBytesPerAllocation(b *testing.B) {
 		fmt.Printf("bytes per allocation, IPv6 /48 : IPv4 /15 = %.2f\n", v6/v4)
 	}
 }
+
+// The hosts-that-are-gone stories on a real etcd, with a clock the tests
+// move (issue 10, items 1, 2 and 4 at the library level).
+func TestOrphanedHostIsReclaimedEtcd(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	runOrphanedHostIsReclaimed(t, openEtcd(t, srv, "/orphan/"))
+}
+
+func TestConcurrentSweepsReleaseOnceEtcd(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	runConcurrentSweeps(t, openEtcd(t, srv, "/sweep/"))
+}
+
+func TestRmpeerHandsFreeSpaceToTheCallerEtcd(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	runRmpeerHandsFreeSpace(t, openEtcd(t, srv, "/rmpeer/"))
+}

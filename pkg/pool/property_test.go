@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/hostlock"
+	"github.com/ringipam/ringipam/pkg/retry"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
 )
@@ -61,7 +62,10 @@ func runProperty(t *testing.T, st store.Store, def Def, cfg propertyConfig) {
 		var workers []*Allocator
 		lockDir := hostlock.Dir(t.TempDir())
 		for range cfg.workers {
-			a, err := New(st, fmt.Sprintf("host-%d", h), WithHostLock(lockDir))
+			// The plugin's contention policy: 32 workers starting at once
+			// on a fresh ring all claim in their first step.
+			a, err := New(st, fmt.Sprintf("host-%d", h), WithHostLock(lockDir),
+				WithRetry(retry.Policy{Attempts: 50, BaseDelay: time.Millisecond, MaxDelay: 80 * time.Millisecond}))
 			if err != nil {
 				t.Fatal(err)
 			}

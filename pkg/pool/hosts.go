@@ -1,0 +1,259 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// Hosts that are gone (SwarmKit's WorkerSpec, Weave's rmpeer).
+//
+// A host is up while its liveness key (LivenessKey) exists: the host agent
+// writes it attached to an etcd lease it keeps alive, so the key vanishes a
+// lease TTL after the agent dies. Every host also has a last-seen time: the
+// agent's heartbeat in its host record (n/<host>), and every ADD and DEL in
+// the pool's host state. A host with no live liveness key is down; one that
+// has been down (not seen) for longer than orphanAfter is orphaned, and
+// Reclaim takes its space back. Nothing of a host whose liveness key exists
+// is ever reclaimed: every reclaiming commit requires the key absent.
+
+// DefaultOrphanAfter is how long a host must have been down before it is
+// orphaned (the WorkerSpec's 48 hours).
+const DefaultOrphanAfter = 48 * time.Hour
+
+// LivenessKey is the key whose presence says host is up. The host agent
+// writes it with a lease (see cmd/ringipamd); pool only reads it.
+func LivenessKey(host string) string { return "l/" + host }
+
+func hostRecordKey(host string) string { return "n/" + host }
+
+// hostRecord is what the store keeps about a host itself.
+type hostRecord struct {
+	Addr     string `json:"addr,omitempty"` // where other hosts forward its ingress ports
+	Seen     int64  `json:"s,omitempty"`    // last heartbeat (Unix seconds)
+	Orphaned int64  `json:"o,omitempty"`    // when it was orphaned; 0: never, or acknowledged
+	// Reclaimed counts the owners released when it was orphaned.
+	Reclaimed int `json:"r,omitempty"`
+}
+
+// HostState is a host's state as the cluster sees it.
+type HostState string
+
+const (
+	HostUp       HostState = "up"       // its liveness key exists
+	HostDown     HostState = "down"     // no liveness key, seen within orphanAfter
+	HostOrphaned HostState = "orphaned" // down and not seen for longer than orphanAfter
+)
+
+// HostInfo is one host as Hosts reports it.
+type HostInfo struct {
+	Name     string
+	State    HostState
+	Agent    bool      // it has a host record (an agent has run there)
+	Addr     string    // its recorded address, if any
+	LastSeen time.Time // latest of heartbeat and allocations; zero if never
+	// OrphanedAt is when it was orphaned and reclaimed; zero if it was not
+	// (or the host acknowledged it since).
+	OrphanedAt time.Time
+	Reclaimed  int      // owners released when it was orphaned
+	Ranges     int      // live (not tombstoned) ranges it owns, all pools
+	Used       uint64   // addresses its owners hold, all pools
+	Pools      []string // pools it has state in
+}
+
+// Heartbeat records that this host is alive now and where it can be reached
+// (addr, may be empty), and returns its record as it was: a host that was
+// orphaned while it was away learns it here (OrphanedAt set).
+func (a *Allocator) Heartbeat(ctx context.Context, addr string) (HostInfo, error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	var before hostRecord
+	err := a.run(ctx, func(int) error {
+		kvs, err := a.get(ctx, hostRecordKey(a.host))
+		if err != nil {
+			return err
+		}
+		before = hostRecord{}
+		if kvs[0].Exists() {
+			if err := json.Unmarshal(kvs[0].Value, &before); err != nil {
+				return fmt.Errorf("%s: corrupt host record: %w", kvs[0].Key, err)
+			}
+		}
+		rec := before
+		rec.Seen = a.now().Unix()
+		if addr != "" {
+			rec.Addr = addr
+		}
+		b, _ := json.Marshal(rec)
+		return a.st.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put(kvs[0].Key, b)})
+	})
+	if err != nil {
+		return HostInfo{}, err
+	}
+	info := HostInfo{Name: a.host, Agent: true, Addr: before.Addr, Reclaimed: before.Reclaimed}
+	if before.Orphaned != 0 {
+		info.OrphanedAt = time.Unix(before.Orphaned, 0)
+	}
+	return info, nil
+}
+
+// AckOrphaned clears this host's orphaned mark (an operator, or the agent
+// after it reported it, acknowledges that the host's old containers lost
+// their addresses). It returns when the host was orphaned; zero if it was
+// not.
+func (a *Allocator) AckOrphaned(ctx context.Context) (time.Time, error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	var at time.Time
+	err := a.run(ctx, func(int) error {
+		kvs, err := a.get(ctx, hostRecordKey(a.host))
+		if err != nil || !kvs[0].Exists() {
+			return err
+		}
+		var rec hostRecord
+		if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+			return fmt.Errorf("%s: corrupt host record: %w", kvs[0].Key, err)
+		}
+		if rec.Orphaned == 0 {
+			return nil
+		}
+		at = time.Unix(rec.Orphaned, 0)
+		rec.Orphaned, rec.Reclaimed = 0, 0
+		b, _ := json.Marshal(rec)
+		return a.st.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put(kvs[0].Key, b)})
+	})
+	return at, err
+}
+
+// Orphaned reports when this host was orphaned, zero if it was not (or it
+// was acknowledged): one read, for STATUS.
+func (a *Allocator) Orphaned(ctx context.Context) (time.Time, error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	kvs, err := a.get(ctx, hostRecordKey(a.host))
+	if err != nil || !kvs[0].Exists() {
+		return time.Time{}, err
+	}
+	var rec hostRecord
+	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+		return time.Time{}, fmt.Errorf("%s: corrupt host record: %w", kvs[0].Key, err)
+	}
+	if rec.Orphaned == 0 {
+		return time.Time{}, nil
+	}
+	return time.Unix(rec.Orphaned, 0), nil
+}
+
+// Hosts reports every host the store knows (by host record, liveness key,
+// pool state or ring range), with its state judged by orphanAfter (<= 0:
+// DefaultOrphanAfter) at the allocator's clock.
+func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]HostInfo, error) {
+	if orphanAfter <= 0 {
+		orphanAfter = DefaultOrphanAfter
+	}
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	if err := a.ensureLayout(ctx); err != nil {
+		return nil, err
+	}
+	hosts := map[string]*HostInfo{}
+	info := func(name string) *HostInfo {
+		h, ok := hosts[name]
+		if !ok {
+			h = &HostInfo{Name: name}
+			hosts[name] = h
+		}
+		return h
+	}
+	seen := func(h *HostInfo, unix int64) {
+		if t := time.Unix(unix, 0); unix != 0 && t.After(h.LastSeen) {
+			h.LastSeen = t
+		}
+	}
+	scan := func(prefix string) ([]store.KV, error) {
+		return a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
+	}
+	recs, err := scan("n/")
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range recs {
+		var rec hostRecord
+		if err := json.Unmarshal(kv.Value, &rec); err != nil {
+			return nil, fmt.Errorf("%s: corrupt host record: %w", kv.Key, err)
+		}
+		h := info(strings.TrimPrefix(kv.Key, "n/"))
+		h.Agent, h.Addr, h.Reclaimed = true, rec.Addr, rec.Reclaimed
+		seen(h, rec.Seen)
+		if rec.Orphaned != 0 {
+			h.OrphanedAt = time.Unix(rec.Orphaned, 0)
+		}
+	}
+	live, err := scan("l/")
+	if err != nil {
+		return nil, err
+	}
+	up := map[string]bool{}
+	for _, kv := range live {
+		up[strings.TrimPrefix(kv.Key, "l/")] = true
+		info(strings.TrimPrefix(kv.Key, "l/"))
+	}
+	states, err := scan("h/")
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range states {
+		pool, host, ok := strings.Cut(strings.TrimPrefix(kv.Key, "h/"), "/")
+		if !ok {
+			continue
+		}
+		var hs hostState
+		if err := json.Unmarshal(kv.Value, &hs); err != nil {
+			return nil, fmt.Errorf("%s: corrupt host state: %w", kv.Key, err)
+		}
+		h := info(host)
+		h.Used += hs.Used
+		h.Pools = append(h.Pools, pool)
+		seen(h, hs.Seen)
+	}
+	rings, err := scan("g/")
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range rings {
+		var tokens []token
+		if err := json.Unmarshal(kv.Value, &tokens); err != nil {
+			return nil, fmt.Errorf("%s: corrupt ring: %w", kv.Key, err)
+		}
+		for _, t := range tokens {
+			if t.Host == "" {
+				continue
+			}
+			h := info(t.Host)
+			if !t.Tomb {
+				h.Ranges++
+			}
+		}
+	}
+	now := a.now()
+	var out []HostInfo
+	for _, h := range hosts {
+		switch {
+		case up[h.Name]:
+			h.State = HostUp
+		case now.Sub(h.LastSeen) > orphanAfter:
+			h.State = HostOrphaned
+		default:
+			h.State = HostDown
+		}
+		slices.Sort(h.Pools)
+		out = append(out, *h)
+	}
+	slices.SortFunc(out, func(x, y HostInfo) int { return strings.Compare(x.Name, y.Name) })
+	return out, nil
+}

@@ -1,0 +1,369 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// ErrHostLive: a host whose liveness key exists cannot be reclaimed (unless
+// forced).
+var ErrHostLive = errors.New("host is up")
+
+// ReclaimOptions say what Reclaim does with a host's space.
+type ReclaimOptions struct {
+	// ToCaller gives the free space of the host's ranges to the calling
+	// host at once (Weave's rmpeer); otherwise the ranges are tombstoned
+	// and any host claims them as it needs space.
+	ToCaller bool
+	// Force reclaims a host even though its liveness key exists.
+	Force bool
+}
+
+// ReclaimReport says what one Reclaim did. Counts are of what this call
+// committed: of two concurrent reclaims each owner is counted by exactly one.
+type ReclaimReport struct {
+	Host       string
+	Pools      int // pools whose ranges of the host were tombstoned now
+	Released   int // owners released
+	Handed     int // free holes given to the caller (ToCaller)
+	Orphaned   time.Time
+	AlreadyWas bool // the host had been reclaimed before (nothing of its old view was left)
+}
+
+// Reclaim takes a host's space back (rmpeer, or orphaning by Sweep):
+//
+//  1. per pool, in one commit, its ranges are tombstoned and its host state
+//     dropped, so from then on it cannot allocate from its old view (its
+//     own allocations are conditioned on the ring and its host state);
+//  2. every owner holding an address in a tombstoned range of the host is
+//     released, one commit each (addresses of a reservation stay held for
+//     the name as on any release, so a pod rescheduled elsewhere gets its
+//     address back);
+//  3. with ToCaller, the free holes of those ranges go to this allocator's
+//     host (only free addresses change hands);
+//  4. the host record is marked orphaned, for the host to learn when it
+//     returns.
+//
+// Every commit requires the host's liveness key absent (unless Force), so a
+// host that comes back mid-way is not touched further. Owners the host
+// allocated after step 1 lie in new ranges and are never released. Reclaim
+// is idempotent and safe to run from several processes at once.
+func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions) (ReclaimReport, error) {
+	if err := validName("host", host); err != nil {
+		return ReclaimReport{}, err
+	}
+	if host == a.host {
+		return ReclaimReport{}, fmt.Errorf("%w: a host cannot reclaim itself (%s)", ErrInvalid, host)
+	}
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	rep := ReclaimReport{Host: host}
+	live, err := a.get(ctx, LivenessKey(host))
+	if err != nil {
+		return rep, err
+	}
+	if live[0].Exists() && !opt.Force {
+		return rep, fmt.Errorf("%w: %s has a live liveness record; stop its agent, wait for its lease to expire, or force", ErrHostLive, host)
+	}
+	// Conditions every commit carries: the liveness key as read.
+	guard := []store.Cond{store.Unchanged(live[0])}
+	defs, err := a.st.Scan(ctx, "d/", store.PrefixEnd("d/"), 0)
+	if err != nil {
+		return rep, err
+	}
+	var pools []string
+	for _, kv := range defs {
+		pools = append(pools, strings.TrimPrefix(kv.Key, "d/"))
+	}
+	// 1. Fence: tombstone and drop the host state, pool by pool.
+	for _, p := range pools {
+		changed := false
+		err := a.run(ctx, func(int) error {
+			kvs, err := a.st.Get(ctx, defKey(p), ringKey(p), hostKey(p, host))
+			if err != nil {
+				return err
+			}
+			def, err := decodeDef(p, kvs[0])
+			if err != nil {
+				return err
+			}
+			r, err := decodeRing(def, kvs[1])
+			if err != nil {
+				return err
+			}
+			t := r.tombstone(host)
+			changed = !slices.Equal(t.tokens, r.tokens)
+			if !changed && !kvs[2].Exists() {
+				return nil
+			}
+			b, _ := json.Marshal(t.tokens)
+			conds := append([]store.Cond{store.Unchanged(kvs[1]), store.Unchanged(kvs[2])}, guard...)
+			return a.st.Commit(ctx, conds, []store.Op{store.Put(ringKey(p), b), store.Delete(hostKey(p, host))})
+		})
+		if err != nil {
+			return rep, fmt.Errorf("tombstoning %s in pool %s: %w", host, p, err)
+		}
+		if changed {
+			rep.Pools++
+		}
+	}
+	// 2. Release the owners of its old view.
+	owners, err := a.st.Scan(ctx, "o/", store.PrefixEnd("o/"), 0)
+	if err != nil {
+		return rep, err
+	}
+	rings := map[string]ring{}
+	for _, kv := range owners {
+		var rec Allocation
+		if err := json.Unmarshal(kv.Value, &rec); err != nil || rec.Host != host {
+			continue
+		}
+		stale, err := a.inTombstone(ctx, rings, host, rec)
+		if err != nil {
+			return rep, err
+		}
+		if !stale {
+			continue
+		}
+		released := false
+		err = a.run(ctx, func(attempt int) error {
+			released = false
+			cur := kv
+			if attempt > 0 {
+				got, err := a.st.Get(ctx, kv.Key)
+				if err != nil {
+					return err
+				}
+				cur = got[0]
+			}
+			if !cur.Exists() {
+				return nil // released by someone else meanwhile
+			}
+			ok, err := a.releaseOrphan(ctx, rec.Owner, cur, guard)
+			released = ok
+			return err
+		})
+		if err != nil {
+			return rep, fmt.Errorf("releasing %s of host %s: %w", rec.Owner, host, err)
+		}
+		if released {
+			rep.Released++
+		}
+	}
+	// 3. Hand the free space over.
+	if opt.ToCaller {
+		for _, p := range pools {
+			n, err := a.handOver(ctx, p, host, guard)
+			if err != nil {
+				return rep, fmt.Errorf("handing %s's space in pool %s to %s: %w", host, p, a.host, err)
+			}
+			rep.Handed += n
+		}
+	}
+	// 4. Mark the host orphaned.
+	err = a.run(ctx, func(int) error {
+		kvs, err := a.st.Get(ctx, hostRecordKey(host))
+		if err != nil {
+			return err
+		}
+		var rec hostRecord
+		if kvs[0].Exists() {
+			if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+				return fmt.Errorf("%s: corrupt host record: %w", kvs[0].Key, err)
+			}
+		}
+		if rec.Orphaned != 0 && rep.Pools == 0 && rep.Released == 0 {
+			rep.AlreadyWas = true
+			rep.Orphaned = time.Unix(rec.Orphaned, 0)
+			return nil
+		}
+		if rec.Orphaned == 0 {
+			rec.Orphaned = a.now().Unix()
+		}
+		rec.Reclaimed += rep.Released
+		rep.Orphaned = time.Unix(rec.Orphaned, 0)
+		b, _ := json.Marshal(rec)
+		return a.st.Commit(ctx, append([]store.Cond{store.Unchanged(kvs[0])}, guard...), []store.Op{store.Put(kvs[0].Key, b)})
+	})
+	return rep, err
+}
+
+// Sweep reclaims (tombstoning their ranges) every host that is down longer
+// than orphanAfter and still has something to take back. Several agents may
+// sweep at once: each owner is released by exactly one of them.
+func (a *Allocator) Sweep(ctx context.Context, orphanAfter time.Duration) ([]ReclaimReport, error) {
+	hosts, err := a.Hosts(ctx, orphanAfter)
+	if err != nil {
+		return nil, err
+	}
+	var out []ReclaimReport
+	var errs []error
+	for _, h := range hosts {
+		if h.State != HostOrphaned || h.Name == a.host {
+			continue
+		}
+		if !h.OrphanedAt.IsZero() && h.Ranges == 0 && h.Used == 0 {
+			continue // reclaimed before, nothing new
+		}
+		rep, err := a.Reclaim(ctx, h.Name, ReclaimOptions{})
+		if err != nil {
+			if !errors.Is(err, ErrHostLive) {
+				errs = append(errs, err)
+			}
+			continue
+		}
+		out = append(out, rep)
+	}
+	return out, errors.Join(errs...)
+}
+
+func decodeRing(def Def, kv store.KV) (ring, error) {
+	var tokens []token
+	if kv.Exists() {
+		if err := json.Unmarshal(kv.Value, &tokens); err != nil {
+			return ring{}, fmt.Errorf("%s: stored ring is corrupt: %w", kv.Key, err)
+		}
+	}
+	return ringFrom(def, tokens), nil
+}
+
+// inTombstone reports whether rec holds an address in a tombstoned range of
+// host (the owner belongs to the host's old view). rings caches read rings.
+func (a *Allocator) inTombstone(ctx context.Context, rings map[string]ring, host string, rec Allocation) (bool, error) {
+	for _, x := range rec.Addrs {
+		r, ok := rings[x.Pool]
+		if !ok {
+			kvs, err := a.st.Get(ctx, defKey(x.Pool), ringKey(x.Pool))
+			if err != nil {
+				return false, err
+			}
+			def, err := decodeDef(x.Pool, kvs[0])
+			if err != nil {
+				return false, err
+			}
+			if r, err = decodeRing(def, kvs[1]); err != nil {
+				return false, err
+			}
+			rings[x.Pool] = r
+		}
+		if t := r.ownerOf(toU128(x.Addr)); t.Host == host && t.Tomb {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// releaseOrphan releases one owner of a reclaimed host: its record and
+// address keys go (or become holds for its reservation), in one commit
+// conditioned on the record and on guard. The host's state was dropped by
+// the tombstoning, so no count is kept.
+func (a *Allocator) releaseOrphan(ctx context.Context, owner Owner, ownerKV store.KV, guard []store.Cond) (bool, error) {
+	var rec Allocation
+	if err := json.Unmarshal(ownerKV.Value, &rec); err != nil {
+		return false, fmt.Errorf("%s: stored allocation is corrupt: %w", ownerKV.Key, err)
+	}
+	conds := append([]store.Cond{store.Unchanged(ownerKV)}, guard...)
+	ops := []store.Op{store.Delete(ownerKV.Key)}
+	hold := false
+	until := a.now().Add(a.hold)
+	if rec.Reservation != "" {
+		kvs, err := a.st.Get(ctx, resvKey(rec.Owner.Kind, rec.Owner.Network, rec.Reservation))
+		if err != nil {
+			return false, err
+		}
+		var r reservation
+		if kvs[0].Exists() && json.Unmarshal(kvs[0].Value, &r) == nil && r.Owner == rec.Owner.String() {
+			hold = a.hold > 0
+			r.Owner, r.Until = "", 0
+			if hold {
+				r.Until = until.Unix()
+			}
+			b, _ := json.Marshal(r)
+			conds = append(conds, store.Unchanged(kvs[0]))
+			ops = append(ops, store.Put(kvs[0].Key, b))
+		}
+	}
+	for _, x := range rec.Addrs {
+		key := addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4())
+		if hold {
+			ops = append(ops, store.Put(key, holdHolder(rec.Host, rec.Owner.Kind, rec.Owner.Network, rec.Reservation, until).encode()))
+		} else {
+			ops = append(ops, store.Delete(key))
+		}
+	}
+	if err := a.st.Commit(ctx, conds, ops); err != nil {
+		return false, err
+	}
+	a.stats.commits.Add(1)
+	return true, nil
+}
+
+// handOver gives every free hole of host's tombstoned ranges in pool to this
+// allocator's host, in one commit conditioned on the ring (a commit that
+// would exceed the store's transaction size is impossible: it writes one
+// key). Addresses still held there (holds of reservations) stay tombstoned.
+func (a *Allocator) handOver(ctx context.Context, pool, host string, guard []store.Cond) (int, error) {
+	handed := 0
+	err := a.run(ctx, func(int) error {
+		handed = 0
+		kvs, err := a.st.Get(ctx, defKey(pool), ringKey(pool))
+		if err != nil {
+			return err
+		}
+		def, err := decodeDef(pool, kvs[0])
+		if err != nil {
+			return err
+		}
+		r, err := decodeRing(def, kvs[1])
+		if err != nil {
+			return err
+		}
+		is4 := def.is4()
+		var tombs []span
+		for i, t := range r.tokens {
+			if t.Host == host && t.Tomb {
+				tombs = append(tombs, r.spanOf(i))
+			}
+		}
+		out := r
+		for _, s := range tombs {
+			held, err := a.st.Scan(ctx, addrKey(pool, s.lo, is4), addrKey(pool, s.hi, is4)+"\x00", 0)
+			if err != nil {
+				return err
+			}
+			cur, done := s.lo, false
+			for _, kv := range held {
+				k, ok := parseAddrKey(kv.Key)
+				if !ok {
+					continue
+				}
+				if k.cmp(cur) > 0 {
+					out = out.assign(cur, k.dec(), a.host)
+					handed++
+				}
+				if k == s.hi {
+					done = true
+					break
+				}
+				cur = k.inc()
+			}
+			if !done {
+				out = out.assign(cur, s.hi, a.host)
+				handed++
+			}
+		}
+		if handed == 0 {
+			return nil
+		}
+		b, _ := json.Marshal(out.tokens)
+		return a.st.Commit(ctx, append([]store.Cond{store.Unchanged(kvs[1])}, guard...), []store.Op{store.Put(ringKey(pool), b)})
+	})
+	return handed, err
+}

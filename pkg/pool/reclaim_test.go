@@ -1,0 +1,284 @@
+package pool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/memory"
+)
+
+// clock is a clock a test moves by hand.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+func markLive(t testing.TB, st store.Store, host string) {
+	t.Helper()
+	if err := st.Commit(context.Background(), nil, []store.Op{store.Put(LivenessKey(host), []byte("lease"))}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func markDead(t testing.TB, st store.Store, host string) {
+	t.Helper()
+	if err := st.Commit(context.Background(), nil, []store.Op{store.Delete(LivenessKey(host))}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// hostOwner is an owner of a test host.
+func hostOwner(host string, i int) Owner {
+	return Owner{Kind: KindCNI, Network: "net", ContainerID: fmt.Sprintf("%s-%d", host, i), IfName: "eth0"}
+}
+
+// TestOrphanedHostIsReclaimed runs the orphaning story on st: host B
+// stopped and aged past orphanAfter has everything reclaimed; host A with
+// equally old allocations but a live liveness record loses nothing; B
+// restarted cannot write from its stale view, learns it was orphaned, and
+// its new containers get addresses A does not hold.
+func runOrphanedHostIsReclaimed(t *testing.T, st store.Store) {
+	ctx := context.Background()
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	def := v4Def("p", "198.18.0.0/26") // .1-.62
+	a, _ := New(st, "host-a", WithClock(clk.Now))
+	b, _ := New(st, "host-b", WithClock(clk.Now))
+	for i := range 10 {
+		for _, x := range []*Allocator{a, b} {
+			if _, err := x.Allocate(ctx, Request{Owner: hostOwner(x.Host(), i), Reservation: fmt.Sprintf("ns/%s-%d", x.Host(), i), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, err := a.Heartbeat(ctx, "198.18.255.1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Heartbeat(ctx, "198.18.255.2"); err != nil {
+		t.Fatal(err)
+	}
+	markLive(t, st, "host-a") // A's agent holds its lease; B's agent is gone
+	// B's in-flight allocation read its view before it was orphaned.
+	staleReq := Request{Owner: hostOwner("host-b", 99), Wants: ipWant("p")}
+	stale, err := b.read(ctx, staleReq, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(DefaultOrphanAfter - time.Minute)
+	if reps, err := a.Sweep(ctx, DefaultOrphanAfter); err != nil || len(reps) != 0 {
+		t.Fatalf("sweep before orphanAfter: %+v %v", reps, err)
+	}
+	clk.advance(2 * time.Minute)
+	hosts, err := a.Hosts(ctx, DefaultOrphanAfter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	states := map[string]HostState{}
+	for _, h := range hosts {
+		states[h.Name] = h.State
+	}
+	if states["host-a"] != HostUp || states["host-b"] != HostOrphaned {
+		t.Fatalf("host states %v", states)
+	}
+	reps, err := a.Sweep(ctx, DefaultOrphanAfter)
+	if err != nil || len(reps) != 1 || reps[0].Host != "host-b" || reps[0].Released != 10 {
+		t.Fatalf("sweep: %+v %v", reps, err)
+	}
+	for i := range 10 {
+		if _, ok, _ := a.Lookup(ctx, hostOwner("host-a", i)); !ok {
+			t.Fatalf("live host-a lost %s", hostOwner("host-a", i))
+		}
+		if _, ok, _ := b.Lookup(ctx, hostOwner("host-b", i)); ok {
+			t.Fatalf("orphaned host-b still holds %s", hostOwner("host-b", i))
+		}
+	}
+	// B's stale view cannot commit.
+	p, err := b.plan(ctx, stale, staleReq, true)
+	if err == nil {
+		err = b.commit(ctx, p)
+	}
+	if !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("allocation from the stale view: %v, want a conflict", err)
+	}
+	// B returns: it learns it was orphaned; new containers work from fresh
+	// ranges and never get an address A holds.
+	info, err := b.Heartbeat(ctx, "198.18.255.2")
+	if err != nil || info.OrphanedAt.IsZero() || info.Reclaimed != 10 {
+		t.Fatalf("returning host's heartbeat: %+v %v", info, err)
+	}
+	if at, err := b.Orphaned(ctx); err != nil || at.IsZero() {
+		t.Fatalf("Orphaned: %v %v", at, err)
+	}
+	heldByA := map[netip.Addr]bool{}
+	all, _ := a.List(ctx, Filter{Host: "host-a"})
+	for _, al := range all {
+		heldByA[al.Addrs[0].Addr] = true
+	}
+	for i := range 20 {
+		al, err := b.Allocate(ctx, Request{Owner: hostOwner("host-b", 100+i), Wants: ipWant("p")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if heldByA[al.Addrs[0].Addr] {
+			t.Fatalf("returning host-b got %s, which host-a holds", al.Addrs[0].Addr)
+		}
+	}
+	if bad, err := a.Check(ctx, "p"); err != nil || len(bad) != 0 {
+		t.Fatalf("Check: %v %v", bad, err)
+	}
+	// A second sweep takes nothing of B's new view.
+	clk.advance(time.Minute)
+	if reps, err := a.Sweep(ctx, DefaultOrphanAfter); err != nil || len(reps) != 0 {
+		t.Fatalf("second sweep: %+v %v", reps, err)
+	}
+	if got, _ := b.List(ctx, Filter{Host: "host-b"}); len(got) != 20 {
+		t.Fatalf("host-b holds %d after the second sweep, want 20", len(got))
+	}
+	if at, err := b.AckOrphaned(ctx); err != nil || at.IsZero() {
+		t.Fatalf("AckOrphaned: %v %v", at, err)
+	}
+	if at, _ := b.Orphaned(ctx); !at.IsZero() {
+		t.Fatalf("still orphaned after the ack: %v", at)
+	}
+}
+
+func TestOrphanedHostIsReclaimed(t *testing.T) { runOrphanedHostIsReclaimed(t, memory.New()) }
+
+// runConcurrentSweeps: two agents sweeping at the same moment reclaim each
+// orphaned allocation exactly once.
+func runConcurrentSweeps(t *testing.T, st store.Store) {
+	ctx := context.Background()
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	def := v4Def("p", "198.18.1.0/24")
+	gone, _ := New(st, "gone", WithClock(clk.Now))
+	const n = 40
+	for i := range n {
+		if _, err := gone.Allocate(ctx, Request{Owner: hostOwner("gone", i), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clk.advance(DefaultOrphanAfter + time.Hour)
+	var wg sync.WaitGroup
+	reps := make([][]ReclaimReport, 2)
+	errs := make([]error, 2)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			a, _ := New(st, fmt.Sprintf("sweeper-%d", i), WithClock(clk.Now))
+			reps[i], errs[i] = a.Sweep(ctx, DefaultOrphanAfter)
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for i := range 2 {
+		if errs[i] != nil {
+			t.Fatal(errs[i])
+		}
+		for _, r := range reps[i] {
+			total += r.Released
+		}
+	}
+	if total != n {
+		t.Fatalf("the two sweeps released %d owners in all (%+v), want each of %d exactly once", total, reps, n)
+	}
+	if left, _ := gone.List(ctx, Filter{}); len(left) != 0 {
+		t.Fatalf("%d owners left", len(left))
+	}
+}
+
+func TestConcurrentSweepsReleaseOnce(t *testing.T) { runConcurrentSweeps(t, memory.New()) }
+
+func TestReclaimRefusesALiveHost(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	a, _ := New(st, "a")
+	b, _ := New(st, "b")
+	if _, err := b.Allocate(ctx, Request{Owner: hostOwner("b", 0), Wants: ipWant("p"), Defs: []Def{v4Def("p", "198.18.2.0/24")}}); err != nil {
+		t.Fatal(err)
+	}
+	markLive(t, st, "b")
+	if _, err := a.Reclaim(ctx, "b", ReclaimOptions{}); !errors.Is(err, ErrHostLive) {
+		t.Fatalf("reclaim of a live host: %v", err)
+	}
+	if _, ok, _ := b.Lookup(ctx, hostOwner("b", 0)); !ok {
+		t.Fatal("refused reclaim released something")
+	}
+	if _, err := a.Reclaim(ctx, "a", ReclaimOptions{}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("reclaim of oneself: %v", err)
+	}
+	rep, err := a.Reclaim(ctx, "b", ReclaimOptions{Force: true})
+	if err != nil || rep.Released != 1 {
+		t.Fatalf("forced reclaim: %+v %v", rep, err)
+	}
+	markDead(t, st, "b")
+}
+
+// runRmpeerHandsFreeSpace: rmpeer of a dead host gives its free space to the
+// caller at once, including space in ranges that still have held addresses
+// (holds of its pods' reservations stay where they are).
+func runRmpeerHandsFreeSpace(t *testing.T, st store.Store) {
+	ctx := context.Background()
+	def := v4Def("p", "198.18.3.0/28") // .1-.14
+	a, _ := New(st, "caller")
+	dead, _ := New(st, "dead")
+	// The dead host takes the whole pool first; two of its pods carry
+	// reservations, whose addresses stay held after the release.
+	var heldAddrs []netip.Addr
+	for i := range 4 {
+		resv := ""
+		if i < 2 {
+			resv = fmt.Sprintf("ns/pod-%d", i)
+		}
+		al, err := dead.Allocate(ctx, Request{Owner: hostOwner("dead", i), Reservation: resv, Wants: ipWant("p"), Defs: []Def{def}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resv != "" {
+			heldAddrs = append(heldAddrs, al.Addrs[0].Addr)
+		}
+	}
+	rep, err := a.Reclaim(ctx, "dead", ReclaimOptions{ToCaller: true})
+	if err != nil || rep.Released != 4 || rep.Handed == 0 {
+		t.Fatalf("rmpeer: %+v %v", rep, err)
+	}
+	r, _ := a.RingOf(ctx, "p")
+	for _, h := range heldAddrs {
+		if o, _ := r.Owner(h); o.Host != "dead" || !o.Tombstone {
+			t.Fatalf("held %s is in %+v, want still the dead host's tombstone", h, o)
+		}
+	}
+	// Every free address is the caller's now: it allocates 12 at once
+	// with no claim needed.
+	before := a.Stats().Claims
+	for i := range 12 {
+		if _, err := a.Allocate(ctx, Request{Owner: hostOwner("caller", i), Wants: ipWant("p")}); err != nil {
+			t.Fatalf("caller allocation %d: %v", i, err)
+		}
+	}
+	if a.Stats().Claims != before {
+		t.Fatalf("the caller had to claim space (%d claims)", a.Stats().Claims-before)
+	}
+	// A pod of the dead host rescheduled on the caller gets its address back.
+	back, err := a.Allocate(ctx, Request{Owner: hostOwner("caller", 50), Reservation: "ns/pod-0", Wants: ipWant("p")})
+	if err != nil || back.Addrs[0].Addr != heldAddrs[0] {
+		t.Fatalf("rescheduled pod got %v (%v), want %s", back.Addrs, err, heldAddrs[0])
+	}
+	if bad, err := a.Check(ctx, "p"); err != nil || len(bad) != 0 {
+		t.Fatalf("Check: %v %v", bad, err)
+	}
+}
+
+func TestRmpeerHandsFreeSpaceToTheCaller(t *testing.T) { runRmpeerHandsFreeSpace(t, memory.New()) }
