@@ -373,7 +373,9 @@ func (a *Allocator) plan(ctx context.Context, s *snapshot, req Request, useHint 
 		t.host.Used++
 		p.require(store.Unchanged(kv))
 		p.write(store.Put(kv.Key, ownerHolder(a.host, req.Owner).encode()))
-		p.alloc.Addrs = append(p.alloc.Addrs, Assigned{Pool: w.Pool, Role: w.Role, Addr: got.addr(t.def.is4())})
+		addr := got.addr(t.def.is4())
+		p.write(historyOp(w.Pool, addr, Event{Time: a.now(), What: EventAlloc, Owner: owner, Host: a.host, Reserv: req.Reservation}))
+		p.alloc.Addrs = append(p.alloc.Addrs, Assigned{Pool: w.Pool, Role: w.Role, Addr: addr})
 	}
 	for _, t := range s.pools {
 		t.host.Seen = a.now().Unix()

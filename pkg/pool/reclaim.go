@@ -297,6 +297,7 @@ func (a *Allocator) releaseOrphan(ctx context.Context, owner Owner, ownerKV stor
 		} else {
 			ops = append(ops, store.Delete(key))
 		}
+		ops = append(ops, historyOp(x.Pool, x.Addr, Event{Time: a.now(), What: EventReclaim, Owner: rec.Owner.String(), Host: rec.Host, Reserv: rec.Reservation}))
 	}
 	if err := a.st.Commit(ctx, conds, ops); err != nil {
 		return false, err

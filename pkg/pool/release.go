@@ -159,11 +159,14 @@ func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, known map[st
 	freed := map[string]uint64{}
 	for _, x := range rec.Addrs {
 		key := addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4())
+		ev := Event{Time: a.now(), What: EventRelease, Owner: owner.String(), Host: rec.Host, Reserv: rec.Reservation}
 		if hold {
 			ops = append(ops, store.Put(key, holdHolder(rec.Host, owner.Kind, owner.Network, rec.Reservation, until).encode()))
+			ev.What = EventHold
 		} else {
 			ops = append(ops, store.Delete(key))
 		}
+		ops = append(ops, historyOp(x.Pool, x.Addr, ev))
 		freed[x.Pool]++
 	}
 	for _, p := range pools {

@@ -1,0 +1,131 @@
+package pool
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// History: every commit that allocates, releases, holds or reclaims an
+// address also writes one event key for it,
+//
+//	y/<pool>/<hex address>/<hex unix nanoseconds>
+//
+// a blind put in the same transaction (no extra read, one more operation),
+// so "who had this address, and when" survives the owners. CompactHistory
+// bounds it: at most keep events per address, none older than maxAge.
+
+// Event is one change of an address's holder.
+type Event struct {
+	Time   time.Time  `json:"t"`
+	What   string     `json:"e"` // alloc, release, hold (released, held for its reservation), reclaim
+	Owner  string     `json:"o"` // Owner.String()
+	Host   string     `json:"h"`
+	Reserv string     `json:"r,omitempty"`
+	Addr   netip.Addr `json:"-"`
+}
+
+// Event kinds.
+const (
+	EventAlloc   = "alloc"
+	EventRelease = "release"
+	EventHold    = "hold"
+	EventReclaim = "reclaim"
+)
+
+func historyPrefix(pool string, v u128, is4 bool) string {
+	return "y/" + pool + "/" + hexOf(v, is4) + "/"
+}
+
+// historyOp is the put that records ev for addr of pool.
+func historyOp(pool string, addr netip.Addr, ev Event) store.Op {
+	key := historyPrefix(pool, toU128(addr), addr.Is4()) + fmt.Sprintf("%016x", uint64(ev.Time.UnixNano()))
+	b, _ := json.Marshal(ev)
+	return store.Put(key, b)
+}
+
+// History returns the recorded events of addr in pool, oldest first.
+func (a *Allocator) History(ctx context.Context, pool string, addr netip.Addr) ([]Event, error) {
+	if err := validName("pool name", pool); err != nil {
+		return nil, err
+	}
+	if !addr.IsValid() {
+		return nil, fmt.Errorf("%w: no address given", ErrInvalid)
+	}
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	if err := a.ensureLayout(ctx); err != nil {
+		return nil, err
+	}
+	prefix := historyPrefix(pool, toU128(addr), addr.Is4())
+	kvs, err := a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Event, 0, len(kvs))
+	for _, kv := range kvs {
+		var ev Event
+		if err := json.Unmarshal(kv.Value, &ev); err != nil {
+			return nil, fmt.Errorf("%s: corrupt history event: %w", kv.Key, err)
+		}
+		ev.Addr = addr
+		out = append(out, ev)
+	}
+	return out, nil
+}
+
+// CompactHistory deletes events beyond the newest keep per address and
+// events older than maxAge (0: no age limit), over every pool, and returns
+// how many it deleted. It deletes in commits of at most store.MaxOps keys;
+// running it from several processes at once is harmless.
+func (a *Allocator) CompactHistory(ctx context.Context, keep int, maxAge time.Duration) (int, error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	if err := a.ensureLayout(ctx); err != nil {
+		return 0, err
+	}
+	kvs, err := a.st.Scan(ctx, "y/", store.PrefixEnd("y/"), 0)
+	if err != nil {
+		return 0, err
+	}
+	cutoff := int64(0)
+	if maxAge > 0 {
+		cutoff = a.now().Add(-maxAge).UnixNano()
+	}
+	byAddr := map[string][]string{}
+	for _, kv := range kvs {
+		i := strings.LastIndexByte(kv.Key, '/')
+		byAddr[kv.Key[:i]] = append(byAddr[kv.Key[:i]], kv.Key)
+	}
+	var doomed []string
+	for _, keys := range byAddr {
+		slices.Sort(keys)
+		for i, k := range keys {
+			ts, _ := strconv.ParseUint(k[strings.LastIndexByte(k, '/')+1:], 16, 64)
+			if i < len(keys)-keep || int64(ts) < cutoff {
+				doomed = append(doomed, k)
+			}
+		}
+	}
+	deleted := 0
+	for len(doomed) > 0 {
+		n := min(len(doomed), store.MaxOps)
+		var ops []store.Op
+		for _, k := range doomed[:n] {
+			ops = append(ops, store.Delete(k))
+		}
+		if err := a.st.Commit(ctx, nil, ops); err != nil {
+			return deleted, err
+		}
+		deleted += n
+		doomed = doomed[n:]
+	}
+	return deleted, nil
+}

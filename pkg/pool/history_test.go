@@ -1,0 +1,61 @@
+package pool
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/store/memory"
+)
+
+func TestHistoryShowsEveryHolder(t *testing.T) {
+	ctx := context.Background()
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	a, _ := New(memory.New(), "h1", WithClock(clk.Now), WithReservationHold(time.Minute))
+	if err := a.Define(ctx, v4Def("p", "198.18.5.0/24")); err != nil {
+		t.Fatal(err)
+	}
+	addr := mustAddr("198.18.5.7")
+	static := []Want{{Pool: "p", Role: RoleIP, Addr: addr}}
+	step := func(f func() error) {
+		t.Helper()
+		if err := f(); err != nil {
+			t.Fatal(err)
+		}
+		clk.advance(time.Second)
+	}
+	step(func() error { _, err := a.Allocate(ctx, Request{Owner: own("first"), Wants: static}); return err })
+	step(func() error { _, _, err := a.Release(ctx, own("first")); return err })
+	step(func() error {
+		_, err := a.Allocate(ctx, Request{Owner: own("second"), Reservation: "ns/s", Wants: static})
+		return err
+	})
+	step(func() error { _, _, err := a.Release(ctx, own("second")); return err })
+	evs, err := a.History(ctx, "p", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range evs {
+		got = append(got, e.What+" "+e.Owner)
+	}
+	want := []string{"alloc cni/net/first/eth0", "release cni/net/first/eth0", "alloc cni/net/second/eth0", "hold cni/net/second/eth0"}
+	if len(got) != len(want) {
+		t.Fatalf("history %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("history %v, want %v", got, want)
+		}
+	}
+	if n, err := a.CompactHistory(ctx, 2, 0); err != nil || n != 2 {
+		t.Fatalf("CompactHistory kept 2 of 4: deleted %d, %v", n, err)
+	}
+	if evs, _ := a.History(ctx, "p", addr); len(evs) != 2 || evs[0].What != "alloc" || evs[1].What != "hold" {
+		t.Fatalf("after compaction: %+v", evs)
+	}
+	clk.advance(time.Hour)
+	if n, err := a.CompactHistory(ctx, 10, time.Minute); err != nil || n != 2 {
+		t.Fatalf("CompactHistory by age: %d %v", n, err)
+	}
+}
