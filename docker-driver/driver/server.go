@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"github.com/docker/go-plugins-helpers/ipam"
@@ -96,7 +97,8 @@ func handle[Req any](mux *http.ServeMux, path, method string, m *Metrics, log *s
 // SocketPath is where dockerd discovers a plugin named name in dir.
 func SocketPath(dir, name string) string { return filepath.Join(dir, name+".sock") }
 
-// Listen creates the plugin socket at path (mode 0660), replacing a stale
+// Listen creates the plugin socket at path (mode 0600: dockerd runs as
+// root, and nobody else may allocate or release addresses), replacing a stale
 // socket file left by a driver that died, but refusing to take over the
 // socket of a driver that still answers.
 func Listen(path string) (net.Listener, error) {
@@ -116,11 +118,15 @@ func Listen(path string) (net.Listener, error) {
 			return nil, fmt.Errorf("remove stale plugin socket: %w", err)
 		}
 	}
+	// The socket is created with mode 0600 already (umask), so there is no
+	// moment in which another user could connect.
+	old := syscall.Umask(0o177)
 	l, err := net.Listen("unix", path)
+	syscall.Umask(old)
 	if err != nil {
 		return nil, fmt.Errorf("plugin socket: %w", err)
 	}
-	if err := os.Chmod(path, 0o660); err != nil {
+	if err := os.Chmod(path, 0o600); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("plugin socket: %w", err)
 	}

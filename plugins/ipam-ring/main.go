@@ -5,11 +5,10 @@
 package main
 
 import (
-	"github.com/containernetworking/cni/pkg/skel"
-
+	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/plugins/ipam-ring/ipamring"
 )
 
 func main() {
-	skel.PluginMainFuncs(ipamring.Edge{}.Funcs(), ipamring.SupportedVersions, "ipam-ring: cluster-wide CNI IPAM on a ring of host-owned ranges")
+	cnimain.Run(ipamring.Edge{}.Funcs(), ipamring.SupportedVersions, "ipam-ring: cluster-wide CNI IPAM on a ring of host-owned ranges")
 }
