@@ -6,6 +6,8 @@
 #   make bench   deps, build, all benchmarks (BENCHTIME each; heavy ones run once)
 #   make demo    deps, build, scripts/demo.sh
 #   make lint    format check, vet (both build tags), staticcheck if installed
+#   make fuzz    every fuzz target for FUZZTIME each (default 10m), keeping
+#                interesting inputs in the packages' testdata/fuzz
 #   make clean   remove bin/ (distclean also removes the .cache/ tools)
 
 SHELL := /usr/bin/env bash
@@ -33,7 +35,7 @@ for d in plugins/*/ cmd/*/ docker-driver/; do \
 done
 endef
 
-.PHONY: all build deps test unit model-check integration fmt-check vet lint bench demo docker-plugin clean distclean
+.PHONY: all build deps test unit model-check integration fmt-check vet lint bench fuzz demo docker-plugin clean distclean
 
 all: build
 
@@ -77,6 +79,10 @@ lint: fmt-check vet
 bench: deps build
 	$(GO) test -tags integration -p 1 -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) \
 		-timeout $(BENCH_TIMEOUT) ./... 2>&1 | tee bench.out
+
+FUZZTIME ?= 10m
+fuzz:
+	FUZZTIME=$(FUZZTIME) scripts/fuzz.sh
 
 demo: deps build
 	scripts/demo.sh
