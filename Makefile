@@ -35,7 +35,7 @@ for d in plugins/*/ cmd/*/ docker-driver/; do \
 done
 endef
 
-.PHONY: all build deps test unit model-check integration fmt-check vet lint bench fuzz demo docker-plugin clean distclean
+.PHONY: tidy-check all build deps test unit model-check integration fmt-check vet lint bench fuzz demo docker-plugin clean distclean
 
 all: build
 
@@ -69,9 +69,13 @@ model-check:
 integration:
 	$(GO) test -race -tags integration -p 1 -timeout $(INTEGRATION_TIMEOUT) -skip '^TestModelCheck$$' ./...
 
-test: deps fmt-check vet unit model-check integration
+test: deps fmt-check tidy-check vet unit model-check integration
 
-lint: fmt-check vet
+# go.mod and go.sum must be what `go mod tidy` makes of the code.
+tidy-check:
+	@if ! out=$$($(GO) mod tidy -diff 2>&1); then echo "go mod tidy would change go.mod/go.sum:"; echo "$$out"; exit 1; fi
+
+lint: fmt-check vet tidy-check
 	@if command -v staticcheck >/dev/null; then \
 		staticcheck ./... && staticcheck -tags integration ./...; \
 	else echo "staticcheck not installed: skipped"; fi
