@@ -35,7 +35,7 @@ for d in plugins/*/ cmd/*/ docker-driver/; do \
 done
 endef
 
-.PHONY: tidy-check all build deps test unit model-check integration fmt-check vet lint bench fuzz demo docker-plugin clean distclean
+.PHONY: tidy-check ci-nonroot-check all build deps test unit model-check integration fmt-check vet lint bench fuzz demo docker-plugin clean distclean
 
 all: build
 
@@ -66,10 +66,18 @@ unit:
 model-check:
 	$(GO) test -race -run '^TestModelCheck' -v ./pkg/containernet/ | grep -E -- '^(--- |ok|FAIL|PASS)|model check'
 
+# The run is summarised per package (passed, failed, skipped); a suite under
+# integration/ that ran no test fails the target, as does any failure.
 integration:
-	$(GO) test -race -tags integration -p 1 -timeout $(INTEGRATION_TIMEOUT) -skip '^TestModelCheck$$' ./...
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/.testsummary ./internal/testsummary
+	$(GO) test -json -race -tags integration -p 1 -timeout $(INTEGRATION_TIMEOUT) -skip '^TestModelCheck$$' ./... | $(BIN)/.testsummary
 
-test: deps fmt-check tidy-check vet unit model-check integration
+# As a non-root user with CI=true a real-parts suite fails and names itself.
+ci-nonroot-check:
+	scripts/ci-nonroot-check.sh
+
+test: deps fmt-check tidy-check vet unit model-check ci-nonroot-check integration
 
 # go.mod and go.sum must be what `go mod tidy` makes of the code.
 tidy-check:

@@ -28,13 +28,22 @@ import (
 const CommandTimeout = 30 * time.Second
 
 // RequireRoot skips t unless it runs as root with the ip command available.
+// Under CI (the CI variable set, as .ci/run does) it fails instead: a
+// missing privilege or dependency must never turn into a green run.
 func RequireRoot(t testing.TB) {
 	t.Helper()
+	missing := func(what string) {
+		t.Helper()
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s; CI is set, so this fails instead of skipping", what)
+		}
+		t.Skip(what)
+	}
 	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces)")
+		missing("needs root (network namespaces)")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("needs iproute2's ip command")
+		missing("needs iproute2's ip command")
 	}
 }
 

@@ -54,7 +54,7 @@ func openLocal(tb testing.TB) *local.Store {
 // its host owns, and the ranges cover each pool exactly once.
 func TestPropertyEtcd(t *testing.T) {
 	srv := testenv.StartEtcd(t)
-	seed := uint64(time.Now().UnixNano())
+	seed := propertySeed()
 	for _, tc := range []struct {
 		name string
 		def  Def
@@ -71,7 +71,7 @@ func TestPropertyEtcd(t *testing.T) {
 
 // TestPropertyLocal runs the same property on the embedded bbolt store.
 func TestPropertyLocal(t *testing.T) {
-	runProperty(t, openLocal(t), v4Def("v4", "198.18.0.0/24"), propertyConfig{hosts: 4, workers: 4, steps: 25, seed: uint64(time.Now().UnixNano())})
+	runProperty(t, openLocal(t), v4Def("v4", "198.18.0.0/24"), propertyConfig{hosts: 4, workers: 4, steps: 25, seed: propertySeed()})
 }
 
 // --- benchmarks -------------------------------------------------------------

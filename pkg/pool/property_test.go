@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -16,6 +17,16 @@ import (
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
 )
+
+var propSeed = flag.Uint64("pool.seed", 0, "replay the property tests with this seed (0: a new random seed)")
+
+// propertySeed is -pool.seed, or a new random seed.
+func propertySeed() uint64 {
+	if *propSeed != 0 {
+		return *propSeed
+	}
+	return uint64(time.Now().UnixNano())
+}
 
 // propertyConfig sizes a random concurrent run.
 type propertyConfig struct {
@@ -52,7 +63,7 @@ func (l *liveSet) drop(addr netip.Addr) {
 // checks the pool's invariants.
 func runProperty(t *testing.T, st store.Store, def Def, cfg propertyConfig) {
 	t.Helper()
-	t.Logf("seed %d: %d hosts x %d workers x %d steps on %s", cfg.seed, cfg.hosts, cfg.workers, cfg.steps, def.Ranges[0].Subnet)
+	t.Logf("seed %d (replay with -pool.seed=%d): %d hosts x %d workers x %d steps on %s", cfg.seed, cfg.seed, cfg.hosts, cfg.workers, cfg.steps, def.Ranges[0].Subnet)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	// Every worker has its own Allocator, as separate CNI processes on one
@@ -200,7 +211,7 @@ func checkCoverage(r Ring, segs []span, is4 bool) error {
 }
 
 func TestPropertyMemory(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
+	seed := propertySeed()
 	for _, tc := range []struct {
 		name string
 		def  Def
