@@ -276,7 +276,10 @@ func (d *Driver) gateway(ctx context.Context, pid poolID, want netip.Addr) (neti
 	if errors.Is(err, pool.ErrUnknownPool) {
 		gw := want
 		if !gw.IsValid() {
-			gw, _, _ = usableBounds(pid.Subnet)
+			var ok bool
+			if gw, ok = pool.DefaultGateway(pid.Subnet); !ok {
+				return netip.Addr{}, fmt.Errorf("%w: subnet %s is a point-to-point link with no default gateway (the same rule as the CNI plugin); give --gateway", pool.ErrInvalid, pid.Subnet)
+			}
 		}
 		nd := pool.Def{Name: pid.Pool, Isolated: pid.Isolated, Ranges: []pool.Range{{Subnet: pid.Subnet, Start: pid.Start, End: pid.End, Gateway: gw}}}
 		err = d.alloc.Define(ctx, nd)

@@ -1,44 +1,18 @@
 package driver
 
 import (
-	"context"
 	"errors"
 	"net"
 	"strings"
 
 	"github.com/ringipam/ringipam/pkg/pool"
-	"github.com/ringipam/ringipam/pkg/store"
 )
 
 // Class names the kind of an error for metrics and logs: "ok" for nil,
-// otherwise one of invalid, in_use, exists, no_capacity, mismatch,
-// unknown_pool, unavailable, try_again, timeout, internal.
-func Class(err error) string {
-	switch {
-	case err == nil:
-		return "ok"
-	case errors.Is(err, pool.ErrAlreadyInUse):
-		return "in_use"
-	case errors.Is(err, pool.ErrAlreadyExists):
-		return "exists"
-	case errors.Is(err, pool.ErrNoCapacity):
-		return "no_capacity"
-	case errors.Is(err, pool.ErrDefinitionMismatch):
-		return "mismatch"
-	case errors.Is(err, pool.ErrUnknownPool):
-		return "unknown_pool"
-	case errors.Is(err, store.ErrUnavailable):
-		return "unavailable"
-	case errors.Is(err, pool.ErrTryAgain), errors.Is(err, store.ErrConflict):
-		return "try_again"
-	case errors.Is(err, context.DeadlineExceeded):
-		return "timeout"
-	case errors.Is(err, pool.ErrInvalid):
-		return "invalid"
-	default:
-		return "internal"
-	}
-}
+// otherwise one of pool.Class's names (invalid, in_use, exists,
+// no_capacity, mismatch, unknown_pool, unavailable, try_again, timeout,
+// internal), ranked by pool.Classify as the CNI plugin ranks them.
+func Class(err error) string { return pool.Classify(err).String() }
 
 // Message is the text the driver returns to dockerd for err, which
 // `docker network create` and `docker run` print after
@@ -53,7 +27,7 @@ func Message(err error) string {
 			msg += " on host " + inUse.Host
 		}
 		return msg + " (pool " + inUse.Pool + ")"
-	case errors.Is(err, store.ErrUnavailable), errors.Is(err, pool.ErrTryAgain), errors.Is(err, context.DeadlineExceeded):
+	case pool.Classify(err).Retryable():
 		return "ringipam: try again later: " + err.Error()
 	default:
 		return "ringipam: " + err.Error()

@@ -30,7 +30,7 @@ func (p DefaultPool) validate() error {
 	if p.Size < p.Base.Bits() || p.Size > p.Base.Addr().BitLen() {
 		return fmt.Errorf("%w: default pool %s: size /%d must lie between /%d and /%d", pool.ErrInvalid, p.Base, p.Size, p.Base.Bits(), p.Base.Addr().BitLen())
 	}
-	if _, _, ok := usableBounds(netip.PrefixFrom(p.Base.Addr(), p.Size)); !ok {
+	if _, _, ok := pool.UsableBounds(netip.PrefixFrom(p.Base.Addr(), p.Size)); !ok {
 		return fmt.Errorf("%w: default pool %s: /%d subnets hold no usable address", pool.ErrInvalid, p.Base, p.Size)
 	}
 	return nil

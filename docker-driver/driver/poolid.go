@@ -79,40 +79,11 @@ func PoolName(subnet netip.Prefix) string {
 	return s.Addr().String() + "-" + fmt.Sprint(s.Bits())
 }
 
-// usableBounds returns the first and last address a subnet may hand out,
-// by the same rule as pkg/pool: the network address is never handed out,
-// nor, for IPv4 subnets larger than /31, the broadcast address.
-func usableBounds(p netip.Prefix) (first, last netip.Addr, ok bool) {
-	p = p.Masked()
-	host := p.Addr().BitLen() - p.Bits()
-	first = p.Addr()
-	last = lastAddr(p)
-	if host == 0 || (p.Addr().Is4() && host == 1) {
-		return first, last, true
-	}
-	first = first.Next()
-	if p.Addr().Is4() {
-		last = last.Prev()
-	}
-	return first, last, first.Compare(last) <= 0
-}
-
-// lastAddr is the highest address of p.
-func lastAddr(p netip.Prefix) netip.Addr {
-	p = p.Masked()
-	b := p.Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
-
 // shape computes the network's allocatable range from dockerd's pool and
 // sub-pool (--subnet, --ip-range): the sub-pool clipped to the subnet's
 // usable addresses.
 func shape(subnet netip.Prefix, subPool string) (start, end netip.Addr, err error) {
-	first, last, ok := usableBounds(subnet)
+	first, last, ok := pool.UsableBounds(subnet)
 	if !ok {
 		return netip.Addr{}, netip.Addr{}, fmt.Errorf("%w: subnet %s has no usable address", pool.ErrInvalid, subnet)
 	}
@@ -138,4 +109,15 @@ func shape(subnet netip.Prefix, subPool string) (start, end netip.Addr, err erro
 		return netip.Addr{}, netip.Addr{}, fmt.Errorf("%w: ip-range %s holds no usable address of subnet %s", pool.ErrInvalid, sp, subnet)
 	}
 	return start, end, nil
+}
+
+// lastAddr is the highest address of p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	p = p.Masked()
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }

@@ -65,11 +65,10 @@ func (a *Allocator) Define(ctx context.Context, defs ...Def) error {
 	})
 }
 
-// sameAsRecorded reports whether the recorded definition kv is canonical
-// definition d, byte for byte (both are canonical JSON of a normalized Def).
+// sameAsRecorded reports whether the recorded definition kv is d (Def.Equal).
 func sameAsRecorded(kv store.KV, d Def) bool {
-	b, err := json.Marshal(d)
-	return err == nil && string(kv.Value) == string(b)
+	rec, err := parseDef(d.Name, kv.Value)
+	return err == nil && rec.Equal(d)
 }
 
 // mismatch is the error for a pool recorded with another definition than d.

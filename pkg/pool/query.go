@@ -156,6 +156,13 @@ func (a *Allocator) Usage(ctx context.Context, pool string) (Usage, error) {
 	c := capacityOf(segmentsOf(def))
 	u.Capacity = c.String()
 	u.Free = c.cmp(u128{lo: u.Used}) > 0
+	if u.Free {
+		left := c.sub(u128{lo: u.Used})
+		u.Available = left.lo
+		if left.hi != 0 {
+			u.Available = ^uint64(0)
+		}
+	}
 	return u, nil
 }
 

@@ -175,6 +175,10 @@ type Usage struct {
 	Used     uint64
 	Capacity string // decimal, may exceed uint64
 	Free     bool   // at least one address left somewhere in the pool
+	// Available is how many addresses are left (capacity minus used,
+	// capped at the largest uint64). Addresses held for reservations are
+	// not subtracted: it is an upper bound.
+	Available uint64
 	Hosts    []HostUsage
 }
 

@@ -394,7 +394,7 @@ func buildDef(name string, rs []rangeJSON, excl []netip.Prefix) (pool.Def, error
 			*f.dst = a.Unmap()
 		}
 		if !pr.Gateway.IsValid() {
-			pr.Gateway = defaultGateway(pr.Subnet)
+			pr.Gateway, _ = pool.DefaultGateway(pr.Subnet)
 		}
 		def.Ranges = append(def.Ranges, pr)
 	}
@@ -405,15 +405,6 @@ func buildDef(name string, rs []rangeJSON, excl []netip.Prefix) (pool.Def, error
 		}
 	}
 	return def, nil
-}
-
-// defaultGateway is the subnet's first usable address, or the zero Addr for
-// subnets too small to have a separate gateway (/31, /32, /127, /128).
-func defaultGateway(p netip.Prefix) netip.Addr {
-	if p.Bits() >= p.Addr().BitLen()-1 {
-		return netip.Addr{}
-	}
-	return p.Masked().Addr().Next()
 }
 
 func defHash(d pool.Def) string {

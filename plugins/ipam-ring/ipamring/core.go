@@ -2,12 +2,12 @@ package ipamring
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"slices"
+	"time"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
@@ -351,6 +351,20 @@ func Status(ctx context.Context, a Allocator, c *Config) error {
 			return fmt.Errorf("store: %w", err)
 		}
 	}
+	// A host that was orphaned while it was away: containers it started
+	// before then lost their addresses, which may be in use elsewhere now.
+	if o, ok := a.(interface {
+		Orphaned(context.Context) (time.Time, error)
+	}); ok {
+		at, err := o.Orphaned(ctx)
+		if err != nil {
+			return fmt.Errorf("reading this host's record: %w", err)
+		}
+		if !at.IsZero() {
+			return fmt.Errorf("host %s was orphaned at %s (down longer than orphanAfter): its old containers' addresses were reclaimed and may be in use elsewhere; "+
+				"remove those containers, then acknowledge with `ringctl host ack %s` (or restart its ringipamd)", c.Host, at.UTC().Format(time.RFC3339), c.Host)
+		}
+	}
 	var errs []error
 	for _, rs := range c.RangeSets {
 		rec, err := a.Definition(ctx, rs.Def.Name)
@@ -360,18 +374,22 @@ func Status(ctx context.Context, a Allocator, c *Config) error {
 		if err != nil {
 			return fmt.Errorf("reading pool %s: %w", rs.Def.Name, err)
 		}
-		got, _ := json.Marshal(rec)
-		want, _ := json.Marshal(rs.Def)
-		if string(got) != string(want) {
-			errs = append(errs, fmt.Errorf("%w: pool %s is recorded as %s but this host is configured with %s", pool.ErrDefinitionMismatch, rs.Def.Name, got, want))
+		if err := pool.CheckDefinition(rec, rs.Def); err != nil {
+			errs = append(errs, err)
 			continue
 		}
 		u, err := a.Usage(ctx, rs.Def.Name)
 		if err != nil {
 			return fmt.Errorf("reading usage of pool %s: %w", rs.Def.Name, err)
 		}
-		if !u.Free {
-			errs = append(errs, &pool.CapacityError{Pool: rs.Def.Name, Used: u.Used, Capacity: u.Capacity})
+		// What one ADD takes from the pool in this network's mode: the
+		// address, and in per-container mode its own gateway too.
+		need := uint64(1)
+		if c.GatewayMode == GatewayPerContainer {
+			need = 2
+		}
+		if u.Available < need {
+			errs = append(errs, fmt.Errorf("%w (a %s ADD needs %d)", &pool.CapacityError{Pool: rs.Def.Name, Used: u.Used, Capacity: u.Capacity}, c.GatewayMode, need))
 		}
 	}
 	return errors.Join(errs...)

@@ -1,14 +1,12 @@
 package ipamring
 
 import (
-	"context"
 	"errors"
 
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ringipam/ringipam/pkg/containernet"
 	"github.com/ringipam/ringipam/pkg/pool"
-	"github.com/ringipam/ringipam/pkg/store"
 )
 
 // Plugin-specific CNI error codes (the CNI spec reserves 100 and up for
@@ -47,44 +45,42 @@ func CNIError(err error) *types.Error {
 		return nil
 	}
 	var te *types.Error
-	var inUse *pool.InUseError
-	var exists *pool.ExistsError
-	var capErr *pool.CapacityError
-	code := types.ErrInternal
 	switch {
 	case errors.As(err, &te):
 		return te
 	case errors.Is(err, ErrCheckFailed):
-		code = CodeCheckFailed
+		return types.NewError(CodeCheckFailed, err.Error(), "")
 	case errors.Is(err, containernet.ErrViolation):
 		// The owner holds something this mode cannot read as a container
 		// network (e.g. a shared-mode address after the network switched to
 		// per-container; the finding wraps ErrInvalid too): it must be
 		// released (DEL) first.
-		code = CodeAlreadyExists
-	case errors.Is(err, ErrBadConfig), errors.Is(err, pool.ErrInvalid), errors.Is(err, pool.ErrUnknownPool):
-		code = types.ErrInvalidNetworkConfig
-	case errors.As(err, &inUse), errors.Is(err, pool.ErrAlreadyInUse):
-		code = CodeAlreadyInUse
-	case errors.As(err, &exists), errors.Is(err, pool.ErrAlreadyExists):
-		code = CodeAlreadyExists
-	case errors.As(err, &capErr), errors.Is(err, pool.ErrNoCapacity):
-		code = CodeNoCapacity
-	case errors.Is(err, pool.ErrDefinitionMismatch):
-		code = CodeDefinitionMismatch
-	case IsUnavailable(err):
-		code = types.ErrTryAgainLater
+		return types.NewError(CodeAlreadyExists, err.Error(), "")
+	case errors.Is(err, ErrBadConfig):
+		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
 	}
-	return types.NewError(code, err.Error(), "")
+	return types.NewError(wireCode[pool.Classify(err)], err.Error(), "")
+}
+
+// wireCode is the CNI code of each pool.Class (pool.Classify ranks them the
+// same way for every front end).
+var wireCode = map[pool.Class]uint{
+	pool.ClassInUse:       CodeAlreadyInUse,
+	pool.ClassExists:      CodeAlreadyExists,
+	pool.ClassNoCapacity:  CodeNoCapacity,
+	pool.ClassMismatch:    CodeDefinitionMismatch,
+	pool.ClassUnknownPool: types.ErrInvalidNetworkConfig,
+	pool.ClassInvalid:     types.ErrInvalidNetworkConfig,
+	pool.ClassUnavailable: types.ErrTryAgainLater,
+	pool.ClassTryAgain:    types.ErrTryAgainLater,
+	pool.ClassTimeout:     types.ErrTryAgainLater,
+	pool.ClassInternal:    types.ErrInternal,
 }
 
 // IsUnavailable reports whether err means "the store could not serve the
 // request now" (unreachable, timed out, or contention that outlasted the
 // retries); such an operation changed nothing and may be retried.
-func IsUnavailable(err error) bool {
-	return errors.Is(err, store.ErrUnavailable) || errors.Is(err, pool.ErrTryAgain) ||
-		errors.Is(err, store.ErrConflict) || errors.Is(err, context.DeadlineExceeded)
-}
+func IsUnavailable(err error) bool { return pool.Classify(err).Retryable() }
 
 // statusError maps a STATUS failure: bad configuration stays code 7,
 // everything else means "cannot serve ADD now" (code 50).
