@@ -129,4 +129,3 @@ func Classify(err error) Class {
 		return ClassInternal
 	}
 }
-

@@ -179,7 +179,7 @@ type Usage struct {
 	// capped at the largest uint64). Addresses held for reservations are
 	// not subtracted: it is an upper bound.
 	Available uint64
-	Hosts    []HostUsage
+	Hosts     []HostUsage
 }
 
 // HostUsage is one host's share of a pool.
