@@ -65,14 +65,11 @@ type plan interface {
 	withGateway() bool
 }
 
-func planFor(m GatewayMode) (plan, error) {
-	switch m {
-	case GatewayShared, "":
-		return sharedPlan{}, nil
-	case GatewayPerContainer:
-		return perContainerPlan{}, nil
+func planFor(m GatewayMode) plan {
+	if m == GatewayPerContainer {
+		return perContainerPlan{}
 	}
-	return nil, fmt.Errorf("%w: gatewayMode %q is %w", ErrBadConfig, m, ErrNotSupported)
+	return sharedPlan{}
 }
 
 // sharedPlan: one address per range set, the range's gateway shared by
@@ -234,10 +231,7 @@ func (perContainerPlan) ipConfig(c *Config, rs RangeSet, n containernet.Containe
 // and builds the CNI result. It records the pool definitions on first use
 // and fails with pool.ErrDefinitionMismatch when the store holds others.
 func Add(ctx context.Context, a Allocator, c *Config, at Attachment) (*current.Result, error) {
-	p, err := planFor(c.GatewayMode)
-	if err != nil {
-		return nil, err
-	}
+	p := planFor(c.GatewayMode)
 	ips, err := p.add(ctx, a, c, c.Owner(at), c.Reservation)
 	if err != nil {
 		return nil, err
@@ -269,10 +263,7 @@ func Del(ctx context.Context, a Allocator, c *Config, at Attachment) error {
 // for and what prevResult (if any) says it got: the addresses, and in
 // per-container mode their gateways too.
 func Check(ctx context.Context, a Allocator, c *Config, at Attachment) error {
-	p, err := planFor(c.GatewayMode)
-	if err != nil {
-		return err
-	}
+	p := planFor(c.GatewayMode)
 	owner := c.Owner(at)
 	want, ok, err := p.held(ctx, a, c, owner)
 	if err != nil {

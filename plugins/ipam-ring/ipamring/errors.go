@@ -77,11 +77,6 @@ var wireCode = map[pool.Class]uint{
 	pool.ClassInternal:    types.ErrInternal,
 }
 
-// IsUnavailable reports whether err means "the store could not serve the
-// request now" (unreachable, timed out, or contention that outlasted the
-// retries); such an operation changed nothing and may be retried.
-func IsUnavailable(err error) bool { return pool.Classify(err).Retryable() }
-
 // statusError maps a STATUS failure: bad configuration stays code 7,
 // everything else means "cannot serve ADD now" (code 50).
 func statusError(err error) *types.Error {
