@@ -1,5 +1,6 @@
-// Command testsummary reads `go test -json` on stdin, prints the tests'
-// own output as `go test` would, and ends with one line per package: how
+// Command testsummary reads `go test -json` on stdin, prints what a plain
+// `go test` prints (each package's result line, the output of failed tests,
+// the reason of skipped ones), and ends with one line per package: how
 // many tests passed, failed and were skipped. It exits non-zero when a test
 // failed, a package failed to build or run, or a package under the
 // integration/ tree ran no test at all (every one skipped): a real-parts
@@ -52,6 +53,7 @@ func summarize(in io.Reader, out io.Writer, suites string) (int, error) {
 		}
 		return t
 	}
+	buffered := map[string]*strings.Builder{} // output of running tests
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {
@@ -61,15 +63,42 @@ func summarize(in io.Reader, out io.Writer, suites string) (int, error) {
 			fmt.Fprintf(out, "%s\n", line) // build errors come as plain text
 			continue
 		}
-		if e.Output != "" {
-			fmt.Fprint(out, e.Output)
-			if e.Test == "" && strings.Contains(e.Output, "[no test files]") {
-				get(e.Package).noTests = true
-			}
-		}
 		t := get(e.Package)
-		switch {
-		case e.Test != "" && !strings.Contains(e.Test, "/"):
+		if e.Test == "" {
+			if strings.Contains(e.Output, "[no test files]") {
+				t.noTests = true
+			}
+			if e.Output != "" && !strings.HasPrefix(e.Output, "=== ") && !strings.HasPrefix(e.Output, "--- PASS") {
+				fmt.Fprint(out, e.Output)
+			}
+			if e.Action == "fail" {
+				t.failed = true
+			}
+			continue
+		}
+		key := e.Package + " " + e.Test
+		b := buffered[key]
+		if b == nil {
+			b = &strings.Builder{}
+			buffered[key] = b
+		}
+		b.WriteString(e.Output)
+		switch e.Action {
+		case "pass", "fail", "skip":
+			switch {
+			case e.Action == "fail":
+				fmt.Fprint(out, b.String())
+			case e.Action == "skip" && !strings.Contains(e.Test, "/"):
+				for _, l := range strings.SplitAfter(b.String(), "\n") {
+					if strings.Contains(l, "SKIP") || strings.Contains(l, ": ") && !strings.HasPrefix(l, "=== ") {
+						fmt.Fprint(out, l)
+					}
+				}
+			}
+			delete(buffered, key)
+			if strings.Contains(e.Test, "/") {
+				continue
+			}
 			switch e.Action {
 			case "pass":
 				t.pass++
@@ -78,8 +107,6 @@ func summarize(in io.Reader, out io.Writer, suites string) (int, error) {
 			case "skip":
 				t.skip++
 			}
-		case e.Test == "" && e.Action == "fail":
-			t.failed = true
 		}
 	}
 	if err := sc.Err(); err != nil {
