@@ -345,14 +345,14 @@ func (a *Allocator) plan(ctx context.Context, s *snapshot, req Request, useHint 
 	if req.Reservation != "" {
 		p.require(store.Unchanged(s.resvKV))
 		if r := s.resv; r.Owner != "" && r.Owner != owner {
-			holderKV, err := a.st.Get(ctx, "o/"+r.Owner)
+			holderKV, err := a.st.Get(ctx, ownerKeyOf(r.Owner))
 			if err != nil {
 				return plan{}, err
 			}
 			if holderKV[0].Exists() {
 				return plan{}, &InUseError{Name: req.Reservation, Pool: req.Owner.Network, Holder: r.Owner}
 			}
-			p.require(store.Cond{Key: "o/" + r.Owner})
+			p.require(store.Cond{Key: ownerKeyOf(r.Owner)})
 		}
 	}
 	for _, t := range s.pools {

@@ -63,7 +63,7 @@ func (a *Allocator) Check(ctx context.Context, pool string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	owners, err := a.st.Scan(ctx, "o/", store.PrefixEnd("o/"), 0)
+	owners, err := a.st.Scan(ctx, prefixOwner, store.PrefixEnd(prefixOwner), 0)
 	if err != nil {
 		return nil, err
 	}

@@ -40,10 +40,6 @@ const (
 	EventReclaim = "reclaim"
 )
 
-func historyPrefix(pool string, v u128, is4 bool) string {
-	return "y/" + pool + "/" + hexOf(v, is4) + "/"
-}
-
 // historyOp is the put that records ev for addr of pool.
 func historyOp(pool string, addr netip.Addr, ev Event) store.Op {
 	key := historyPrefix(pool, toU128(addr), addr.Is4()) + fmt.Sprintf("%016x", uint64(ev.Time.UnixNano()))
@@ -91,7 +87,7 @@ func (a *Allocator) CompactHistory(ctx context.Context, keep int, maxAge time.Du
 	if err := a.ensureLayout(ctx); err != nil {
 		return 0, err
 	}
-	kvs, err := a.st.Scan(ctx, "y/", store.PrefixEnd("y/"), 0)
+	kvs, err := a.st.Scan(ctx, prefixHistory, store.PrefixEnd(prefixHistory), 0)
 	if err != nil {
 		return 0, err
 	}

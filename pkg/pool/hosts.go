@@ -26,12 +26,6 @@ import (
 // orphaned (the WorkerSpec's 48 hours).
 const DefaultOrphanAfter = 48 * time.Hour
 
-// LivenessKey is the key whose presence says host is up. The host agent
-// writes it with a lease (see cmd/ringipamd); pool only reads it.
-func LivenessKey(host string) string { return "l/" + host }
-
-func hostRecordKey(host string) string { return "n/" + host }
-
 // hostRecord is what the store keeps about a host itself.
 type hostRecord struct {
 	Addr     string `json:"addr,omitempty"` // where other hosts forward its ingress ports
@@ -178,7 +172,7 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 	scan := func(prefix string) ([]store.KV, error) {
 		return a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
 	}
-	recs, err := scan("n/")
+	recs, err := scan(prefixHostRecord)
 	if err != nil {
 		return nil, err
 	}
@@ -187,28 +181,28 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 		if err := json.Unmarshal(kv.Value, &rec); err != nil {
 			return nil, fmt.Errorf("%s: corrupt host record: %w", kv.Key, err)
 		}
-		h := info(strings.TrimPrefix(kv.Key, "n/"))
+		h := info(strings.TrimPrefix(kv.Key, prefixHostRecord))
 		h.Agent, h.Addr, h.Reclaimed = true, rec.Addr, rec.Reclaimed
 		seen(h, rec.Seen)
 		if rec.Orphaned != 0 {
 			h.OrphanedAt = time.Unix(rec.Orphaned, 0)
 		}
 	}
-	live, err := scan("l/")
+	live, err := scan(prefixLive)
 	if err != nil {
 		return nil, err
 	}
 	up := map[string]bool{}
 	for _, kv := range live {
-		up[strings.TrimPrefix(kv.Key, "l/")] = true
-		info(strings.TrimPrefix(kv.Key, "l/"))
+		up[strings.TrimPrefix(kv.Key, prefixLive)] = true
+		info(strings.TrimPrefix(kv.Key, prefixLive))
 	}
-	states, err := scan("h/")
+	states, err := scan(prefixHost)
 	if err != nil {
 		return nil, err
 	}
 	for _, kv := range states {
-		pool, host, ok := strings.Cut(strings.TrimPrefix(kv.Key, "h/"), "/")
+		pool, host, ok := strings.Cut(strings.TrimPrefix(kv.Key, prefixHost), "/")
 		if !ok {
 			continue
 		}
@@ -221,7 +215,7 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 		h.Pools = append(h.Pools, pool)
 		seen(h, hs.Seen)
 	}
-	rings, err := scan("g/")
+	rings, err := scan(prefixRing)
 	if err != nil {
 		return nil, err
 	}

@@ -14,30 +14,53 @@ import (
 const (
 	layoutKey   = "v"       // the layout version (layoutVersion)
 	registryKey = "x/pools" // every recorded pool's ranges: one address space
+
+	prefixDef        = "d/" // d/<pool>: definition
+	prefixRing       = "g/" // g/<pool>: the ring
+	prefixHost       = "h/" // h/<pool>/<host>: a host's state in a pool
+	prefixAddr       = "a/" // a/<pool>/<hex>: an address is taken
+	prefixOwner      = "o/" // o/<kind>/<network>/<ctr>/<if>: an owner's allocation
+	prefixResv       = "r/" // r/<kind>/<network>/<name>: a reservation
+	prefixHistory    = "y/" // y/<pool>/<hex>/<hex ns>: one event of an address
+	prefixLive       = "l/" // l/<host>: the host's agent holds a lease
+	prefixHostRecord = "n/" // n/<host>: the host record
 )
 
-func defKey(pool string) string        { return "d/" + pool }
-func ringKey(pool string) string       { return "g/" + pool }
-func hostKey(pool, host string) string { return "h/" + pool + "/" + host }
-func hostPrefix(pool string) string    { return "h/" + pool + "/" }
-func addrPrefix(pool string) string    { return "a/" + pool + "/" }
-func ownerKey(o Owner) string          { return "o/" + o.String() }
+func defKey(pool string) string        { return prefixDef + pool }
+func ringKey(pool string) string       { return prefixRing + pool }
+func hostKey(pool, host string) string { return prefixHost + pool + "/" + host }
+func hostPrefix(pool string) string    { return prefixHost + pool + "/" }
+func addrPrefix(pool string) string    { return prefixAddr + pool + "/" }
+func ownerKey(o Owner) string          { return ownerKeyOf(o.String()) }
+
+// ownerKeyOf is the key of the owner whose Owner.String is s.
+func ownerKeyOf(s string) string { return prefixOwner + s }
+
+// LivenessKey is the key whose presence says host is up. The host agent
+// writes it with a lease (see cmd/ringipamd); pool only reads it.
+func LivenessKey(host string) string { return prefixLive + host }
+
+func hostRecordKey(host string) string { return prefixHostRecord + host }
+
+func historyPrefix(pool string, v u128, is4 bool) string {
+	return prefixHistory + pool + "/" + hexOf(v, is4) + "/"
+}
 
 // ownersPrefix is the key prefix of every owner of kind on network; an empty
 // network means every network of the kind, an empty kind every owner.
 func ownersPrefix(kind Kind, network string) string {
 	switch {
 	case kind == "":
-		return "o/"
+		return prefixOwner
 	case network == "":
-		return "o/" + string(kind) + "/"
+		return prefixOwner + string(kind) + "/"
 	}
-	return "o/" + string(kind) + "/" + network + "/"
+	return prefixOwner + string(kind) + "/" + network + "/"
 }
 
 // resvKey is the reservation record of name for owners of kind on network.
 func resvKey(kind Kind, network, name string) string {
-	return "r/" + string(kind) + "/" + network + "/" + name
+	return prefixResv + string(kind) + "/" + network + "/" + name
 }
 
 // addrKey encodes an address so that keys sort in address order.

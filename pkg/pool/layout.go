@@ -66,7 +66,7 @@ func (a *Allocator) ensureLayout(ctx context.Context) error {
 // Running it again, or from several processes at once, is safe: what was
 // migrated is recognised and skipped, and a conflict restarts it.
 func (a *Allocator) migrate(ctx context.Context) error {
-	owners, err := a.st.Scan(ctx, "o/", store.PrefixEnd("o/"), 0)
+	owners, err := a.st.Scan(ctx, prefixOwner, store.PrefixEnd(prefixOwner), 0)
 	if err != nil {
 		return err
 	}
@@ -78,7 +78,7 @@ func (a *Allocator) migrate(ctx context.Context) error {
 			return err
 		}
 	}
-	resvs, err := a.st.Scan(ctx, "r/", store.PrefixEnd("r/"), 0)
+	resvs, err := a.st.Scan(ctx, prefixResv, store.PrefixEnd(prefixResv), 0)
 	if err != nil {
 		return err
 	}
@@ -89,7 +89,7 @@ func (a *Allocator) migrate(ctx context.Context) error {
 		}
 		// A version-1 reservation no owner holds: only the CNI plugin
 		// used reservations in version 1.
-		network, name, ok := strings.Cut(strings.TrimPrefix(kv.Key, "r/"), "/")
+		network, name, ok := strings.Cut(strings.TrimPrefix(kv.Key, prefixResv), "/")
 		if !ok || network == "" {
 			continue
 		}
@@ -101,7 +101,7 @@ func (a *Allocator) migrate(ctx context.Context) error {
 			return err
 		}
 	}
-	defs, err := a.st.Scan(ctx, "d/", store.PrefixEnd("d/"), 0)
+	defs, err := a.st.Scan(ctx, prefixDef, store.PrefixEnd(prefixDef), 0)
 	if err != nil {
 		return err
 	}
@@ -117,7 +117,7 @@ func (a *Allocator) migrate(ctx context.Context) error {
 		return err
 	}
 	for _, kv := range defs {
-		d, err := parseDef(strings.TrimPrefix(kv.Key, "d/"), kv.Value)
+		d, err := parseDef(strings.TrimPrefix(kv.Key, prefixDef), kv.Value)
 		if err != nil {
 			return err
 		}
@@ -156,7 +156,7 @@ func (a *Allocator) migrateOwner(ctx context.Context, kv store.KV) error {
 	if err := json.Unmarshal(kv.Value, &rec); err != nil {
 		return fmt.Errorf("%s: stored allocation is corrupt: %w", kv.Key, err)
 	}
-	parts := strings.Split(strings.TrimPrefix(kv.Key, "o/"), "/")
+	parts := strings.Split(strings.TrimPrefix(kv.Key, prefixOwner), "/")
 	old := Owner{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}
 	oldStr := old.Network + "/" + old.ContainerID + "/" + old.IfName
 	kind, owner := v1Kind(old)
@@ -167,7 +167,7 @@ func (a *Allocator) migrateOwner(ctx context.Context, kv store.KV) error {
 	}
 	oldResv := ""
 	if rec.Reservation != "" {
-		oldResv = "r/" + old.Network + "/" + rec.Reservation
+		oldResv = prefixResv + old.Network + "/" + rec.Reservation
 		keys = append(keys, oldResv, resvKey(kind, owner.Network, rec.Reservation))
 	}
 	got, err := a.st.Get(ctx, keys...)

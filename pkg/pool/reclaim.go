@@ -74,13 +74,13 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 	}
 	// Conditions every commit carries: the liveness key as read.
 	guard := []store.Cond{store.Unchanged(live[0])}
-	defs, err := a.st.Scan(ctx, "d/", store.PrefixEnd("d/"), 0)
+	defs, err := a.st.Scan(ctx, prefixDef, store.PrefixEnd(prefixDef), 0)
 	if err != nil {
 		return rep, err
 	}
 	var pools []string
 	for _, kv := range defs {
-		pools = append(pools, strings.TrimPrefix(kv.Key, "d/"))
+		pools = append(pools, strings.TrimPrefix(kv.Key, prefixDef))
 	}
 	// 1. Fence: tombstone and drop the host state, pool by pool.
 	for _, p := range pools {
@@ -115,7 +115,7 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 		}
 	}
 	// 2. Release the owners of its old view.
-	owners, err := a.st.Scan(ctx, "o/", store.PrefixEnd("o/"), 0)
+	owners, err := a.st.Scan(ctx, prefixOwner, store.PrefixEnd(prefixOwner), 0)
 	if err != nil {
 		return rep, err
 	}
