@@ -1,0 +1,45 @@
+// Package portalloc is ringipam's published-port allocator: the Allocate
+// operation of SwarmKit's port allocator specification (seed 000), without
+// the bugs that specification marks XXX, over the one store contract.
+//
+// # Model
+//
+// An address is (protocol, port number). A port is published in one of two
+// modes. An ingress port is unique per address across the whole cluster and
+// reachable through every host. A host port is unique per (host, host IP,
+// address); a host port bound to every address of its host (no host IP)
+// collides with any host IP of that host. An ingress port and a host port
+// never share an address on any host: the ingress port is bound everywhere.
+// A published port of 0 asks for a dynamic number from the dynamic range
+// (default 30000-32767).
+//
+// Allocate(endpoint, spec) replaces an endpoint's ports by the ones spec
+// asks for, in one store transaction: the release of the old ports, the new
+// ports and the endpoint record commit together, conditioned on every
+// address touched and on the endpoint record, so a proposal can never go
+// stale. An unchanged spec gets its previous ports back; the k-th of
+// several similar dynamic entries recovers the k-th similar old port; an old
+// dynamic port that a static entry of the new spec needs is given up, not
+// recovered; a dynamic ingress port never takes an address a host port uses
+// on any host; a host port hidden by an ingress port is refused. Removal
+// (an empty spec) never fails on spec grounds.
+//
+// # Errors
+//
+// *InUseError (ErrInUse) names the holder, *DuplicateError (ErrDuplicate)
+// the two entries of the request, *ExhaustedError (ErrExhausted) the
+// protocol whose dynamic range is full; ErrInvalid a malformed spec. Store
+// trouble is passed through (store.ErrUnavailable), contention that
+// outlasts the retries is ErrTryAgain. Allocator is safe for concurrent use.
+//
+// # Store layout (keys under the store's prefix)
+//
+//	p/a/<protocol>/<port, 5 digits>   who holds the address: the ingress endpoint, host-mode users
+//	p/e/<network>/<container>/<if>     an endpoint: host, spec, ports
+//
+// The pure decision (Plan) reads addresses through a View and returns the
+// new ports and the address states to write; the Allocator is the store
+// edge. Stored allocations are re-validated when read: a port an endpoint
+// record claims that its address does not list is reported (Result.Findings)
+// and neither recovered nor released.
+package portalloc
