@@ -1,0 +1,336 @@
+package portalloc
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/retry"
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// Default dynamic range (the seed's DynamicPortNumber).
+const (
+	DefaultLo uint16 = 30000
+	DefaultHi uint16 = 32767
+)
+
+// EndpointID names an endpoint: the CNI attachment (network, container ID,
+// interface). Parts may not contain '/'.
+type EndpointID struct {
+	Network, ContainerID, IfName string
+}
+
+func (e EndpointID) String() string { return e.Network + "/" + e.ContainerID + "/" + e.IfName }
+
+// Validate rejects IDs that would break the key layout.
+func (e EndpointID) Validate() error {
+	if e.Network == "" || e.ContainerID == "" {
+		return fmt.Errorf("%w: endpoint needs a network and a container ID", ErrInvalid)
+	}
+	for _, p := range []string{e.Network, e.ContainerID, e.IfName} {
+		if len(p) > 253 || strings.ContainsAny(p, "/\x00\n\r") {
+			return fmt.Errorf("%w: endpoint part %q may not contain '/' or control characters, nor exceed 253 bytes", ErrInvalid, p)
+		}
+	}
+	return nil
+}
+
+func endpointKey(id string) string { return "p/e/" + id }
+func addrKey(a Address) string     { return fmt.Sprintf("p/a/%s/%05d", a.Protocol, a.Number) }
+func addrPrefix(protocol string) string {
+	return "p/a/" + protocol + "/"
+}
+
+// Allocator publishes ports for the endpoints of one host on a store.
+// Every Allocate is one commit; conflicts are retried (bounded).
+type Allocator struct {
+	st      store.Store
+	host    string
+	lo, hi  uint16
+	policy  retry.Policy
+	timeout time.Duration
+}
+
+// Option configures an Allocator.
+type Option func(*Allocator)
+
+// WithDynamicRange sets the dynamic range (default 30000-32767).
+func WithDynamicRange(lo, hi uint16) Option { return func(a *Allocator) { a.lo, a.hi = lo, hi } }
+
+// WithRetry sets the retry policy for store conflicts.
+func WithRetry(p retry.Policy) Option { return func(a *Allocator) { a.policy = p } }
+
+// New returns an Allocator for host on st.
+func New(st store.Store, host string, opts ...Option) (*Allocator, error) {
+	if host == "" || strings.ContainsAny(host, "/ \x00") {
+		return nil, fmt.Errorf("%w: host %q", ErrInvalid, host)
+	}
+	a := &Allocator{st: st, host: host, lo: DefaultLo, hi: DefaultHi, policy: retry.Default, timeout: 30 * time.Second}
+	for _, o := range opts {
+		o(a)
+	}
+	if a.lo == 0 || a.lo > a.hi {
+		return nil, fmt.Errorf("%w: dynamic range %d-%d", ErrInvalid, a.lo, a.hi)
+	}
+	return a, nil
+}
+
+// Allocate publishes spec for endpoint id on this host, replacing what it
+// had, in one transaction, and returns the ports (in spec order) and any
+// findings about inconsistent stored allocations. An empty spec releases
+// everything the endpoint holds and never fails on spec grounds.
+func (a *Allocator) Allocate(ctx context.Context, id EndpointID, spec []Port) (Result, error) {
+	if err := id.Validate(); err != nil {
+		return Result{}, err
+	}
+	if err := ValidateSpec(spec); err != nil {
+		return Result{}, err
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, a.timeout)
+		defer cancel()
+	}
+	me := id.String()
+	var out Result
+	err := retry.Do(ctx, a.policy, func(err error) bool {
+		return errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrUnavailable) && ctx.Err() == nil
+	}, func(int) error {
+		v := &storeView{ctx: ctx, st: a.st, kvs: map[string]store.KV{}}
+		kvs, err := a.st.Get(ctx, endpointKey(me))
+		if err != nil {
+			return err
+		}
+		epKV := kvs[0]
+		var old Endpoint
+		if epKV.Exists() {
+			if err := json.Unmarshal(epKV.Value, &old); err != nil {
+				return fmt.Errorf("endpoint %s: stored record is corrupt: %w", me, err)
+			}
+		}
+		// One read for every address the plan will look at first.
+		var keys []string
+		for _, p := range append(old.Ports, spec...) {
+			if p.Number != 0 {
+				keys = append(keys, addrKey(p.addr()))
+			}
+		}
+		if err := v.prefetch(keys); err != nil {
+			return err
+		}
+		res, err := Plan(v, Request{Endpoint: me, Host: a.host, Old: old, Spec: spec, Lo: a.lo, Hi: a.hi, Start: a.start(me), Rules: AllRules})
+		if err != nil {
+			return err
+		}
+		conds := []store.Cond{store.Unchanged(epKV)}
+		var ops []store.Op
+		for addr, st := range res.Changes {
+			key := addrKey(addr)
+			kv, ok := v.kvs[key]
+			if !ok {
+				return fmt.Errorf("port %s changed without being read", addr)
+			}
+			conds = append(conds, store.Unchanged(kv))
+			if st.empty() {
+				ops = append(ops, store.Delete(key))
+			} else {
+				b, _ := json.Marshal(st)
+				ops = append(ops, store.Put(key, b))
+			}
+		}
+		if len(spec) == 0 {
+			ops = append(ops, store.Delete(endpointKey(me)))
+		} else {
+			b, _ := json.Marshal(Endpoint{Host: a.host, Spec: spec, Ports: res.Ports})
+			ops = append(ops, store.Put(endpointKey(me), b))
+		}
+		if err := a.st.Commit(ctx, conds, ops); err != nil {
+			return err
+		}
+		out = res
+		return nil
+	})
+	if errors.Is(err, retry.ErrExhausted) {
+		return Result{}, errors.Join(ErrTryAgain, err)
+	}
+	return out, err
+}
+
+// Release frees every port of endpoint id (Allocate with an empty spec).
+func (a *Allocator) Release(ctx context.Context, id EndpointID) (Result, error) {
+	return a.Allocate(ctx, id, nil)
+}
+
+// Lookup returns what endpoint id holds, false when it holds nothing.
+func (a *Allocator) Lookup(ctx context.Context, id EndpointID) (Endpoint, bool, error) {
+	kvs, err := a.st.Get(ctx, endpointKey(id.String()))
+	if err != nil || !kvs[0].Exists() {
+		return Endpoint{}, false, err
+	}
+	var e Endpoint
+	if err := json.Unmarshal(kvs[0].Value, &e); err != nil {
+		return Endpoint{}, false, fmt.Errorf("endpoint %s: stored record is corrupt: %w", id, err)
+	}
+	return e, true, nil
+}
+
+// Published is one held address with its holders, for listings.
+type Published struct {
+	Address Address
+	State   AddrState
+}
+
+// List returns every published address, by protocol and number.
+func (a *Allocator) List(ctx context.Context) ([]Published, error) {
+	kvs, err := a.st.Scan(ctx, "p/a/", store.PrefixEnd("p/a/"), 0)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Published, 0, len(kvs))
+	for _, kv := range kvs {
+		var p Published
+		rest := strings.TrimPrefix(kv.Key, "p/a/")
+		i := strings.IndexByte(rest, '/')
+		if i < 0 {
+			continue
+		}
+		var n int
+		if _, err := fmt.Sscanf(rest[i+1:], "%d", &n); err != nil {
+			continue
+		}
+		p.Address = Address{Protocol: rest[:i], Number: uint16(n)}
+		if err := json.Unmarshal(kv.Value, &p.State); err != nil {
+			return nil, fmt.Errorf("%s: corrupt: %w", kv.Key, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+// start spreads dynamic searches: each endpoint starts at its own place in
+// the range, so hosts allocating at once rarely want the same number.
+func (a *Allocator) start(me string) uint16 {
+	h := fnv.New32a()
+	h.Write([]byte(me))
+	return a.lo + uint16(h.Sum32()%uint32(int(a.hi-a.lo)+1))
+}
+
+// storeView is the Plan's View over the store: addresses read once and
+// kept, with their revisions for the commit's conditions.
+type storeView struct {
+	ctx context.Context
+	st  store.Store
+	kvs map[string]store.KV
+}
+
+func (v *storeView) prefetch(keys []string) error {
+	var missing []string
+	for _, k := range keys {
+		if _, ok := v.kvs[k]; !ok {
+			missing = append(missing, k)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	got, err := v.st.Get(v.ctx, missing...)
+	if err != nil {
+		return err
+	}
+	for _, kv := range got {
+		v.kvs[kv.Key] = kv
+	}
+	return nil
+}
+
+func decodeState(kv store.KV) (AddrState, error) {
+	var s AddrState
+	if kv.Exists() {
+		if err := json.Unmarshal(kv.Value, &s); err != nil {
+			return AddrState{}, fmt.Errorf("%s: corrupt: %w", kv.Key, err)
+		}
+	}
+	return s, nil
+}
+
+func (v *storeView) State(a Address) (AddrState, error) {
+	if err := v.prefetch([]string{addrKey(a)}); err != nil {
+		return AddrState{}, err
+	}
+	return decodeState(v.kvs[addrKey(a)])
+}
+
+// scanPage is how many held numbers one scan of a dynamic search reads.
+const scanPage = 128
+
+// NextFree walks [from, hi] then [lo, from) with ordered scans: a number
+// with no key is free unless free says otherwise; held numbers are judged
+// by free on their state. Cost: one scan per scanPage held numbers passed.
+func (v *storeView) NextFree(protocol string, lo, hi, from uint16, free func(uint16, AddrState) bool) (uint16, bool, error) {
+	for _, r := range [][2]uint16{{from, hi}, {lo, from - 1}} {
+		if from == lo && r[0] == lo && r[1] == from-1 || r[0] > r[1] {
+			continue
+		}
+		n, ok, err := v.walk(protocol, r[0], r[1], free)
+		if err != nil || ok {
+			return n, ok, err
+		}
+	}
+	return 0, false, nil
+}
+
+func (v *storeView) walk(protocol string, from, to uint16, free func(uint16, AddrState) bool) (uint16, bool, error) {
+	cur := int(from)
+	for cur <= int(to) {
+		kvs, err := v.st.Scan(v.ctx, addrKey(Address{protocol, uint16(cur)}), addrKey(Address{protocol, to})+"\x00", scanPage)
+		if err != nil {
+			return 0, false, err
+		}
+		for _, kv := range kvs {
+			var n int
+			if _, err := fmt.Sscanf(strings.TrimPrefix(kv.Key, addrPrefix(protocol)), "%d", &n); err != nil {
+				continue
+			}
+			for ; cur < n; cur++ {
+				k := addrKey(Address{protocol, uint16(cur)})
+				if _, seen := v.kvs[k]; !seen {
+					v.kvs[k] = store.KV{Key: k}
+				}
+				st, _ := decodeState(v.kvs[k])
+				if free(uint16(cur), st) {
+					return uint16(cur), true, nil
+				}
+			}
+			if _, seen := v.kvs[kv.Key]; !seen {
+				v.kvs[kv.Key] = kv
+			}
+			st, err := decodeState(v.kvs[kv.Key])
+			if err != nil {
+				return 0, false, err
+			}
+			if free(uint16(n), st) {
+				return uint16(n), true, nil
+			}
+			cur = n + 1
+		}
+		if len(kvs) < scanPage {
+			for ; cur <= int(to); cur++ {
+				k := addrKey(Address{protocol, uint16(cur)})
+				if _, seen := v.kvs[k]; !seen {
+					v.kvs[k] = store.KV{Key: k}
+				}
+				st, _ := decodeState(v.kvs[k])
+				if free(uint16(cur), st) {
+					return uint16(cur), true, nil
+				}
+			}
+			return 0, false, nil
+		}
+	}
+	return 0, false, nil
+}
