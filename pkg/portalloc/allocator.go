@@ -334,3 +334,25 @@ func (v *storeView) walk(protocol string, from, to uint16, free func(uint16, Add
 	}
 	return 0, false, nil
 }
+
+// Endpoints returns every endpoint of network with its record.
+func (a *Allocator) Endpoints(ctx context.Context, network string) (map[EndpointID]Endpoint, error) {
+	prefix := endpointKey(network + "/")
+	kvs, err := a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
+	if err != nil {
+		return nil, err
+	}
+	out := map[EndpointID]Endpoint{}
+	for _, kv := range kvs {
+		parts := strings.SplitN(strings.TrimPrefix(kv.Key, "p/e/"), "/", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		var e Endpoint
+		if err := json.Unmarshal(kv.Value, &e); err != nil {
+			return nil, fmt.Errorf("%s: corrupt: %w", kv.Key, err)
+		}
+		out[EndpointID{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}] = e
+	}
+	return out, nil
+}
