@@ -1,0 +1,58 @@
+package portmap
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/ringipam/ringipam/pkg/portalloc"
+)
+
+func TestLoadMappings(t *testing.T) {
+	conf := `{"cniVersion":"1.0.0","name":"web","type":"portmap-ingress","host":"h1","mode":"ingress",
+	 "runtimeConfig":{"portMappings":[
+	   {"hostPort":8080,"containerPort":80,"protocol":"TCP"},
+	   {"HostPort":0,"ContainerPort":53,"Protocol":"udp","HostIP":"198.18.0.9"},
+	   {"hostPort":2222,"containerPort":22,"mode":"host"}],
+	  "io.kubernetes.cri.pod-annotations":{"ringipam.io/publish":"443/tcp, 9000/udp:19000=host"}}}`
+	c, err := Load([]byte(conf), "IgnoreUnknown=1;PUBLISH=7000/tcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Mapping{
+		{HostPort: 8080, ContainerPort: 80, Protocol: "tcp", Mode: portalloc.Ingress},
+		{HostPort: 0, ContainerPort: 53, Protocol: "udp", Mode: portalloc.Ingress},
+		{HostPort: 2222, ContainerPort: 22, Protocol: "tcp", Mode: portalloc.Host},
+		{HostPort: 0, ContainerPort: 443, Protocol: "tcp", Mode: portalloc.Ingress},
+		{HostPort: 19000, ContainerPort: 9000, Protocol: "udp", Mode: portalloc.Host},
+		{HostPort: 0, ContainerPort: 7000, Protocol: "tcp", Mode: portalloc.Ingress},
+	}
+	if len(c.Mappings) != len(want) {
+		t.Fatalf("mappings %+v", c.Mappings)
+	}
+	for i := range want {
+		m := c.Mappings[i]
+		m.HostIP = want[i].HostIP
+		if m != want[i] {
+			t.Errorf("mapping %d = %+v, want %+v", i, c.Mappings[i], want[i])
+		}
+	}
+	if c.Mappings[1].HostIP.String() != "198.18.0.9" {
+		t.Errorf("host IP %v", c.Mappings[1].HostIP)
+	}
+	// An ingress mapping with a host IP is refused by the allocator's spec
+	// check, with code 7.
+	if err := portalloc.ValidateSpec(c.spec()); !errors.Is(err, portalloc.ErrInvalid) {
+		t.Errorf("ingress with hostIP: %v", err)
+	}
+	for _, bad := range []string{
+		`{"name":"n","runtimeConfig":{"portMappings":[{"hostPort":70000,"containerPort":80}]}}`,
+		`{"name":"n","runtimeConfig":{"portMappings":[{"hostPort":80}]}}`,
+		`{"name":"n","mode":"cluster"}`,
+		`{"name":"n","dynamicRange":"5-1"}`,
+		`{"name":"a/b"}`,
+	} {
+		if _, err := Load([]byte(bad), ""); !errors.Is(err, ErrBadConfig) || CNIError(err).Code != 7 {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+}
