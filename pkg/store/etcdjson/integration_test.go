@@ -39,7 +39,9 @@ func open(t testing.TB, cfg etcdjson.Config) *etcdjson.Store {
 func TestContract(t *testing.T) {
 	srv := testenv.StartEtcd(t)
 	storetest.Run(t,
-		func(t *testing.T) store.Store { return open(t, etcdjson.Config{Endpoints: srv.Endpoints(), Prefix: uniquePrefix()}) },
+		func(t *testing.T) store.Store {
+			return open(t, etcdjson.Config{Endpoints: srv.Endpoints(), Prefix: uniquePrefix()})
+		},
 		storetest.Persistent(func(t *testing.T) func(t *testing.T) store.Store {
 			p := uniquePrefix()
 			return func(t *testing.T) store.Store { return open(t, etcdjson.Config{Endpoints: srv.Endpoints(), Prefix: p}) }
