@@ -250,7 +250,10 @@ func (s *Store) classify(ctx context.Context, ge *gatewayError) error {
 	switch {
 	case strings.Contains(msg, "too many operations") || strings.Contains(msg, "request is too large"):
 		return fmt.Errorf("%w: etcd store %s: %w", store.ErrTooLarge, strings.Join(s.endpoints, ","), ge)
-	case ge.Code == 14 || ge.Code == 4 || strings.Contains(msg, "no leader") || strings.Contains(msg, "timed out") || ge.Status == http.StatusServiceUnavailable || ctx.Err() != nil:
+	// 14 Unavailable, 4 DeadlineExceeded; a deadline that passed inside the
+	// server comes back as code 2 (Unknown) "context deadline exceeded".
+	case ge.Code == 14 || ge.Code == 4 || strings.Contains(msg, "no leader") || strings.Contains(msg, "timed out") ||
+		strings.Contains(msg, "deadline exceeded") || ge.Status == http.StatusServiceUnavailable || ctx.Err() != nil:
 		return fmt.Errorf("%w: etcd at %s not reachable or without leader: %w", store.ErrUnavailable, strings.Join(s.endpoints, ","), ge)
 	}
 	return fmt.Errorf("etcd store %s: %w", strings.Join(s.endpoints, ","), ge)
