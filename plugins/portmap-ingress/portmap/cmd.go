@@ -240,7 +240,7 @@ func (e Edge) GC(args *skel.CmdArgs) error {
 			return err
 		}
 		for o := range have {
-			if strings.HasPrefix(o, c.Network+"/") && !keep[o] {
+			if id, ok := portalloc.ParseEndpointID(o); ok && id.Network == c.Network && !keep[o] {
 				stale[o] = true
 			}
 		}
@@ -255,11 +255,7 @@ func (e Edge) GC(args *skel.CmdArgs) error {
 		}
 		var errs []error
 		for o := range stale {
-			parts := strings.SplitN(o, "/", 3)
-			if len(parts) != 3 {
-				continue
-			}
-			id := portalloc.EndpointID{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}
+			id, _ := portalloc.ParseEndpointID(o)
 			errs = append(errs, dp.Remove(ctx, o))
 			if ep, ok := eps[id]; !ok || ep.Host == c.Host {
 				if _, err := a.Release(ctx, id); err != nil {
