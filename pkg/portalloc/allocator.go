@@ -464,3 +464,35 @@ func (a *Allocator) ReleaseHost(ctx context.Context, host string) (int, error) {
 	}
 	return released, errors.Join(errs...)
 }
+
+// Verify reads endpoint id's record and checks it against the addresses it
+// claims: the findings name every port the record claims that its address
+// does not list, and a record whose ports do not fit its spec. ok is false
+// when the endpoint holds nothing.
+func (a *Allocator) Verify(ctx context.Context, id EndpointID) (e Endpoint, ok bool, findings []string, err error) {
+	e, ok, err = a.Lookup(ctx, id)
+	if err != nil || !ok {
+		return e, ok, nil, err
+	}
+	if !recordFits(e) {
+		findings = append(findings, fmt.Sprintf("endpoint %s: stored ports %v do not fit its stored spec %v", id, e.Ports, e.Spec))
+	}
+	keys := make([]string, len(e.Ports))
+	for i, p := range e.Ports {
+		keys[i] = addrKey(p.addr())
+	}
+	kvs, err := a.st.Get(ctx, keys...)
+	if err != nil {
+		return e, ok, nil, err
+	}
+	for i, p := range e.Ports {
+		s, err := decodeState(kvs[i])
+		if err != nil {
+			return e, ok, nil, err
+		}
+		if !lists(s, id.String(), p, e.Host) {
+			findings = append(findings, fmt.Sprintf("endpoint %s claims %s %s, which its address does not list", id, p.Mode, p.addr()))
+		}
+	}
+	return e, ok, findings, nil
+}

@@ -341,3 +341,25 @@ func TestTooManyPorts(t *testing.T) {
 		t.Fatalf("%d ports: %v", len(spec), err)
 	}
 }
+
+// Verify reports a port whose address no longer lists the endpoint.
+func TestVerify(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	a, _ := New(st, "h1")
+	if _, ok, f, err := a.Verify(ctx, ep("x")); ok || f != nil || err != nil {
+		t.Fatalf("nothing held: %v %v %v", ok, f, err)
+	}
+	if _, err := a.Allocate(ctx, ep("x"), []Port{{Mode: Ingress, Protocol: "tcp", Number: 7000}, {Mode: Host, Protocol: "udp"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, f, err := a.Verify(ctx, ep("x")); !ok || len(f) != 0 || err != nil {
+		t.Fatalf("consistent: %v %v %v", ok, f, err)
+	}
+	if err := st.Commit(ctx, nil, []store.Op{store.Delete(addrKey(Address{"tcp", 7000}))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, f, err := a.Verify(ctx, ep("x")); !ok || len(f) != 1 || err != nil || !strings.Contains(f[0], "tcp/7000") {
+		t.Fatalf("address gone: %v %v %v", ok, f, err)
+	}
+}

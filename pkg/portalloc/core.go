@@ -137,6 +137,10 @@ type Request struct {
 type Result struct {
 	Ports   []Port                // the endpoint's new ports, in spec order
 	Changes map[Address]AddrState // every address whose holders change, as they must be stored
+	// Previous are the ports the endpoint held before (those its stored
+	// record claims and their addresses list): what a data path set up for
+	// the endpoint's previous request covers.
+	Previous []Port
 	// Findings are stored allocations that did not check out (a port the
 	// endpoint record claims but its address does not list): reported,
 	// neither recovered nor released.
@@ -199,6 +203,7 @@ func Plan(v View, req Request) (Result, error) {
 			res.Findings = append(res.Findings, fmt.Sprintf("endpoint %s claims %s %s, which its address does not list", me, p.Mode, p.addr()))
 		}
 	}
+	res.Previous = held
 	// Release every held port; the new ones are added below.
 	for _, p := range held {
 		s, err := state(p.addr())
