@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"slices"
 	"strings"
 	"time"
 
@@ -19,13 +20,35 @@ const (
 	DefaultHi uint16 = 32767
 )
 
+// Kind is the owner kind of published ports, the first part of every
+// holder name (as pkg/pool's KindPort), so that a listing of the store tells
+// a port's owner from an address's.
+const Kind = "port"
+
 // EndpointID names an endpoint: the CNI attachment (network, container ID,
 // interface). Parts may not contain '/'.
 type EndpointID struct {
 	Network, ContainerID, IfName string
 }
 
-func (e EndpointID) String() string { return e.Network + "/" + e.ContainerID + "/" + e.IfName }
+// String is the holder name: port/<network>/<container>/<interface>.
+func (e EndpointID) String() string { return Kind + "/" + e.path() }
+
+func (e EndpointID) path() string { return e.Network + "/" + e.ContainerID + "/" + e.IfName }
+
+// ParseEndpointID reads a holder name made by String.
+func ParseEndpointID(s string) (EndpointID, bool) {
+	rest, ok := strings.CutPrefix(s, Kind+"/")
+	if !ok {
+		return EndpointID{}, false
+	}
+	parts := strings.SplitN(rest, "/", 3)
+	if len(parts) != 3 {
+		return EndpointID{}, false
+	}
+	id := EndpointID{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}
+	return id, id.Validate() == nil
+}
 
 // Validate rejects IDs that would break the key layout.
 func (e EndpointID) Validate() error {
@@ -40,10 +63,21 @@ func (e EndpointID) Validate() error {
 	return nil
 }
 
-func endpointKey(id string) string { return "p/e/" + id }
-func addrKey(a Address) string     { return fmt.Sprintf("p/a/%s/%05d", a.Protocol, a.Number) }
+// Keys: every key of the package starts with "p/".
+const (
+	prefixEndpoint = "p/e/"
+	prefixAddr     = "p/a/"
+)
+
+func endpointKey(id EndpointID) string { return prefixEndpoint + id.path() }
+
+// endpointOfKey reads the endpoint a p/e/ key names.
+func endpointOfKey(key string) (EndpointID, bool) {
+	return ParseEndpointID(Kind + "/" + strings.TrimPrefix(key, prefixEndpoint))
+}
+func addrKey(a Address) string { return fmt.Sprintf("%s%s/%05d", prefixAddr, a.Protocol, a.Number) }
 func addrPrefix(protocol string) string {
-	return "p/a/" + protocol + "/"
+	return prefixAddr + protocol + "/"
 }
 
 // Allocator publishes ports for the endpoints of one host on a store.
@@ -102,16 +136,14 @@ func (a *Allocator) Allocate(ctx context.Context, id EndpointID, spec []Port) (R
 		return errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrUnavailable) && ctx.Err() == nil
 	}, func(int) error {
 		v := &storeView{ctx: ctx, st: a.st, kvs: map[string]store.KV{}}
-		kvs, err := a.st.Get(ctx, endpointKey(me))
+		kvs, err := a.st.Get(ctx, endpointKey(id))
 		if err != nil {
 			return err
 		}
 		epKV := kvs[0]
-		var old Endpoint
-		if epKV.Exists() {
-			if err := json.Unmarshal(epKV.Value, &old); err != nil {
-				return fmt.Errorf("endpoint %s: stored record is corrupt: %w", me, err)
-			}
+		old, err := decodeEndpoint(id, epKV)
+		if err != nil {
+			return err
 		}
 		// One read for every address the plan will look at first.
 		var keys []string
@@ -126,6 +158,11 @@ func (a *Allocator) Allocate(ctx context.Context, id EndpointID, spec []Port) (R
 		res, err := Plan(v, Request{Endpoint: me, Host: a.host, Old: old, Spec: spec, Lo: a.lo, Hi: a.hi, Start: a.start(me), Rules: AllRules})
 		if err != nil {
 			return err
+		}
+		rec := Endpoint{Kind: Kind, Host: a.host, Spec: spec, Ports: res.Ports}
+		if unchanged(v, res.Changes) && (len(spec) == 0 && !epKV.Exists() || epKV.Exists() && sameEndpoint(old, rec)) {
+			out = res // a repeated request: nothing to write
+			return nil
 		}
 		conds := []store.Cond{store.Unchanged(epKV)}
 		var ops []store.Op
@@ -144,10 +181,13 @@ func (a *Allocator) Allocate(ctx context.Context, id EndpointID, spec []Port) (R
 			}
 		}
 		if len(spec) == 0 {
-			ops = append(ops, store.Delete(endpointKey(me)))
+			ops = append(ops, store.Delete(endpointKey(id)))
 		} else {
-			b, _ := json.Marshal(Endpoint{Host: a.host, Spec: spec, Ports: res.Ports})
-			ops = append(ops, store.Put(endpointKey(me), b))
+			b, _ := json.Marshal(rec)
+			ops = append(ops, store.Put(endpointKey(id), b))
+		}
+		if len(conds)+len(ops) > store.MaxOps {
+			return fmt.Errorf("%w: %d published ports in one request is more than one store transaction holds", ErrInvalid, len(spec))
 		}
 		if err := a.st.Commit(ctx, conds, ops); err != nil {
 			return err
@@ -166,17 +206,51 @@ func (a *Allocator) Release(ctx context.Context, id EndpointID) (Result, error) 
 	return a.Allocate(ctx, id, nil)
 }
 
+// decodeEndpoint reads an endpoint record (absent: the zero Endpoint).
+func decodeEndpoint(id EndpointID, kv store.KV) (Endpoint, error) {
+	var e Endpoint
+	if !kv.Exists() {
+		return e, nil
+	}
+	if err := json.Unmarshal(kv.Value, &e); err != nil {
+		return Endpoint{}, fmt.Errorf("%w: endpoint %s: stored record is corrupt: %w", ErrCorrupt, id, err)
+	}
+	if e.Kind != Kind {
+		return Endpoint{}, fmt.Errorf("%w: endpoint %s: stored record has kind %q, not %q", ErrCorrupt, id, e.Kind, Kind)
+	}
+	return e, nil
+}
+
+// unchanged reports whether every change leaves its address as read.
+func unchanged(v *storeView, changes map[Address]AddrState) bool {
+	for addr, st := range changes {
+		cur, err := decodeState(v.kvs[addrKey(addr)])
+		if err != nil || !sameState(cur, st) {
+			return false
+		}
+	}
+	return true
+}
+
+func sameState(a, b AddrState) bool {
+	return a.Ingress == b.Ingress && a.IngressHost == b.IngressHost && slices.Equal(a.Hosts, b.Hosts)
+}
+
+func sameEndpoint(a, b Endpoint) bool {
+	return a.Kind == b.Kind && a.Host == b.Host && slices.Equal(a.Spec, b.Spec) && slices.Equal(a.Ports, b.Ports)
+}
+
 // Lookup returns what endpoint id holds, false when it holds nothing.
 func (a *Allocator) Lookup(ctx context.Context, id EndpointID) (Endpoint, bool, error) {
-	kvs, err := a.st.Get(ctx, endpointKey(id.String()))
+	if err := id.Validate(); err != nil {
+		return Endpoint{}, false, err
+	}
+	kvs, err := a.st.Get(ctx, endpointKey(id))
 	if err != nil || !kvs[0].Exists() {
 		return Endpoint{}, false, err
 	}
-	var e Endpoint
-	if err := json.Unmarshal(kvs[0].Value, &e); err != nil {
-		return Endpoint{}, false, fmt.Errorf("endpoint %s: stored record is corrupt: %w", id, err)
-	}
-	return e, true, nil
+	e, err := decodeEndpoint(id, kvs[0])
+	return e, err == nil, err
 }
 
 // Published is one held address with its holders, for listings.
@@ -187,14 +261,14 @@ type Published struct {
 
 // List returns every published address, by protocol and number.
 func (a *Allocator) List(ctx context.Context) ([]Published, error) {
-	kvs, err := a.st.Scan(ctx, "p/a/", store.PrefixEnd("p/a/"), 0)
+	kvs, err := a.st.Scan(ctx, prefixAddr, store.PrefixEnd(prefixAddr), 0)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Published, 0, len(kvs))
 	for _, kv := range kvs {
 		var p Published
-		rest := strings.TrimPrefix(kv.Key, "p/a/")
+		rest := strings.TrimPrefix(kv.Key, prefixAddr)
 		i := strings.IndexByte(rest, '/')
 		if i < 0 {
 			continue
@@ -337,24 +411,27 @@ func (v *storeView) walk(protocol string, from, to uint16, free func(uint16, Add
 
 // Endpoints returns every endpoint of network with its record.
 func (a *Allocator) Endpoints(ctx context.Context, network string) (map[EndpointID]Endpoint, error) {
-	prefix := endpointKey(network + "/")
+	prefix := prefixEndpoint + network + "/"
 	kvs, err := a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
 	if err != nil {
 		return nil, err
 	}
 	out := map[EndpointID]Endpoint{}
+	var errs []error
 	for _, kv := range kvs {
-		parts := strings.SplitN(strings.TrimPrefix(kv.Key, "p/e/"), "/", 3)
-		if len(parts) != 3 {
+		id, ok := endpointOfKey(kv.Key)
+		if !ok {
+			errs = append(errs, fmt.Errorf("%w: key %q names no endpoint", ErrCorrupt, kv.Key))
 			continue
 		}
-		var e Endpoint
-		if err := json.Unmarshal(kv.Value, &e); err != nil {
-			return nil, fmt.Errorf("%s: corrupt: %w", kv.Key, err)
+		e, err := decodeEndpoint(id, kv)
+		if err != nil {
+			errs = append(errs, err)
+			continue
 		}
-		out[EndpointID{Network: parts[0], ContainerID: parts[1], IfName: parts[2]}] = e
+		out[id] = e
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 // ReleaseHost releases the ports of every endpoint recorded on host (a host
@@ -362,22 +439,21 @@ func (a *Allocator) Endpoints(ctx context.Context, network string) (map[Endpoint
 // how many endpoints this call released. Safe to run from several processes
 // at once: an endpoint released meanwhile is skipped.
 func (a *Allocator) ReleaseHost(ctx context.Context, host string) (int, error) {
-	kvs, err := a.st.Scan(ctx, "p/e/", store.PrefixEnd("p/e/"), 0)
+	kvs, err := a.st.Scan(ctx, prefixEndpoint, store.PrefixEnd(prefixEndpoint), 0)
 	if err != nil {
 		return 0, err
 	}
 	released := 0
 	var errs []error
 	for _, kv := range kvs {
-		var e Endpoint
-		if json.Unmarshal(kv.Value, &e) != nil || e.Host != host {
+		id, ok := endpointOfKey(kv.Key)
+		if !ok {
 			continue
 		}
-		parts := strings.SplitN(strings.TrimPrefix(kv.Key, "p/e/"), "/", 3)
-		if len(parts) != 3 {
+		if e, err := decodeEndpoint(id, kv); err != nil || e.Host != host {
 			continue
 		}
-		res, err := a.Release(ctx, EndpointID{Network: parts[0], ContainerID: parts[1], IfName: parts[2]})
+		res, err := a.Release(ctx, id)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -387,4 +463,36 @@ func (a *Allocator) ReleaseHost(ctx context.Context, host string) (int, error) {
 		}
 	}
 	return released, errors.Join(errs...)
+}
+
+// Verify reads endpoint id's record and checks it against the addresses it
+// claims: the findings name every port the record claims that its address
+// does not list, and a record whose ports do not fit its spec. ok is false
+// when the endpoint holds nothing.
+func (a *Allocator) Verify(ctx context.Context, id EndpointID) (e Endpoint, ok bool, findings []string, err error) {
+	e, ok, err = a.Lookup(ctx, id)
+	if err != nil || !ok {
+		return e, ok, nil, err
+	}
+	if !recordFits(e) {
+		findings = append(findings, fmt.Sprintf("endpoint %s: stored ports %v do not fit its stored spec %v", id, e.Ports, e.Spec))
+	}
+	keys := make([]string, len(e.Ports))
+	for i, p := range e.Ports {
+		keys[i] = addrKey(p.addr())
+	}
+	kvs, err := a.st.Get(ctx, keys...)
+	if err != nil {
+		return e, ok, nil, err
+	}
+	for i, p := range e.Ports {
+		s, err := decodeState(kvs[i])
+		if err != nil {
+			return e, ok, nil, err
+		}
+		if !lists(s, id.String(), p, e.Host) {
+			findings = append(findings, fmt.Sprintf("endpoint %s claims %s %s, which its address does not list", id, p.Mode, p.addr()))
+		}
+	}
+	return e, ok, findings, nil
 }

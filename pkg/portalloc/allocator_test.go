@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/local"
 	"github.com/ringipam/ringipam/pkg/store/memory"
@@ -39,7 +42,7 @@ func runAllocatorBasics(t *testing.T, st store.Store) {
 	// The ingress port is refused on the other host, naming the holder.
 	_, err = b.Allocate(ctx, ep("other"), []Port{{Mode: Ingress, Name: "x", Protocol: "tcp", Number: 8080}})
 	var inUse *InUseError
-	if !errors.As(err, &inUse) || inUse.Holder != "net/web/eth0" || inUse.Host != "h1" {
+	if !errors.As(err, &inUse) || inUse.Holder != "port/net/web/eth0" || inUse.Host != "h1" {
 		t.Fatalf("ingress 8080 on h2: %v", err)
 	}
 	// A host port of the same number on the other host is fine only if no
@@ -145,7 +148,7 @@ func TestStoredAllocationsAreRevalidated(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Someone else's record claims 7000 too (a corrupted store).
-	if err := st.Commit(ctx, nil, []store.Op{store.Put(endpointKey("net/y/eth0"), []byte(`{"host":"h1","spec":[{"mode":"ingress","protocol":"tcp","published":7000}],"ports":[{"mode":"ingress","protocol":"tcp","published":7000}]}`))}); err != nil {
+	if err := st.Commit(ctx, nil, []store.Op{store.Put(endpointKey(ep("y")), []byte(`{"kind":"port","host":"h1","spec":[{"mode":"ingress","protocol":"tcp","published":7000}],"ports":[{"mode":"ingress","protocol":"tcp","published":7000}]}`))}); err != nil {
 		t.Fatal(err)
 	}
 	res, err := a.Release(ctx, ep("y"))
@@ -180,5 +183,183 @@ func TestReleaseHost(t *testing.T) {
 	}
 	if n, err := live.ReleaseHost(ctx, "gone"); err != nil || n != 0 {
 		t.Fatalf("second ReleaseHost: %d %v", n, err)
+	}
+}
+
+// countingStore counts commits.
+type countingStore struct {
+	store.Store
+	mu      sync.Mutex
+	commits int
+}
+
+func (c *countingStore) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
+	c.mu.Lock()
+	c.commits++
+	c.mu.Unlock()
+	return c.Store.Commit(ctx, conds, ops)
+}
+
+// A repeated request (a runtime retrying ADD) reads and writes nothing new.
+func TestRepeatedAllocateCommitsNothing(t *testing.T) {
+	ctx := context.Background()
+	st := &countingStore{Store: memory.New()}
+	a, _ := New(st, "h1")
+	spec := []Port{{Mode: Ingress, Protocol: "tcp"}, {Mode: Host, Protocol: "udp", Number: 53}}
+	first, err := a.Allocate(ctx, ep("x"), spec)
+	if err != nil || st.commits != 1 {
+		t.Fatalf("first: %v, %d commits", err, st.commits)
+	}
+	again, err := a.Allocate(ctx, ep("x"), spec)
+	if err != nil || st.commits != 1 || fmt.Sprint(again.Ports) != fmt.Sprint(first.Ports) {
+		t.Fatalf("repeated: %+v %v, %d commits", again.Ports, err, st.commits)
+	}
+	if _, err := a.Release(ctx, ep("x")); err != nil || st.commits != 2 {
+		t.Fatalf("release: %v, %d commits", err, st.commits)
+	}
+	if _, err := a.Release(ctx, ep("x")); err != nil || st.commits != 2 {
+		t.Fatalf("release of nothing: %v, %d commits", err, st.commits)
+	}
+}
+
+// Host mode is unique per (host, host IP, address): a binding to every
+// address ("" host IP) collides with any host IP of that host; two host IPs
+// of one host, or two hosts, do not collide.
+func TestHostIPRules(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	h1, _ := New(st, "h1")
+	h2, _ := New(st, "h2")
+	ipA, ipB := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("198.18.0.2")
+	hp := func(ip netip.Addr) []Port { return []Port{{Mode: Host, Protocol: "tcp", Number: 8080, HostIP: ip}} }
+	for _, tc := range []struct {
+		a    *Allocator
+		id   string
+		ip   netip.Addr
+		want error
+	}{
+		{h1, "a", ipA, nil},
+		{h1, "b", ipB, nil},               // another host IP of h1
+		{h1, "c", netip.Addr{}, ErrInUse}, // every address of h1 includes ipA
+		{h1, "d", ipA, ErrInUse},
+		{h2, "e", netip.Addr{}, nil}, // another host
+		{h2, "f", ipA, ErrInUse},     // h2's every-address binding covers ipA
+	} {
+		_, err := tc.a.Allocate(ctx, ep(tc.id), hp(tc.ip))
+		if !errors.Is(err, tc.want) && (err != nil || tc.want != nil) {
+			t.Fatalf("%s on %s ip %v: %v, want %v", tc.id, tc.a.host, tc.ip, err, tc.want)
+		}
+	}
+	var inUse *InUseError
+	_, err := h1.Allocate(ctx, ep("g"), hp(netip.Addr{}))
+	if !errors.As(err, &inUse) || inUse.Host != "h1" || inUse.Mode != Host || !strings.HasPrefix(inUse.Holder, "port/net/") {
+		t.Fatalf("in use: %v", err)
+	}
+	// An ingress port on 8080 is refused: host ports use it.
+	if _, err := h1.Allocate(ctx, ep("i"), []Port{{Mode: Ingress, Protocol: "tcp", Number: 8080}}); !errors.Is(err, ErrInUse) {
+		t.Fatalf("ingress over host ports: %v", err)
+	}
+	// An ingress port with a host IP is a bad spec.
+	if _, err := h1.Allocate(ctx, ep("j"), []Port{{Mode: Ingress, Protocol: "tcp", Number: 9000, HostIP: ipA}}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("ingress with host IP: %v", err)
+	}
+}
+
+// A stored record whose ports do not fit its spec is reported and nothing
+// is recovered from it; a record of another kind is an error, never used.
+func TestInconsistentRecordsAreReported(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	a, _ := New(st, "h1")
+	spec := []Port{{Mode: Ingress, Protocol: "tcp"}}
+	first, err := a.Allocate(ctx, ep("x"), spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Tamper: the record says its dynamic entry was given a port of udp.
+	kvs, _ := st.Get(ctx, endpointKey(ep("x")))
+	bad := strings.Replace(string(kvs[0].Value), `"ports":[{"mode":"ingress","protocol":"tcp"`, `"ports":[{"mode":"ingress","protocol":"udp"`, 1)
+	if bad == string(kvs[0].Value) {
+		t.Fatalf("tampering failed: %s", kvs[0].Value)
+	}
+	if err := st.Commit(ctx, nil, []store.Op{store.Put(kvs[0].Key, []byte(bad))}); err != nil {
+		t.Fatal(err)
+	}
+	res, err := a.Allocate(ctx, ep("x"), spec)
+	if err != nil || len(res.Findings) == 0 {
+		t.Fatalf("re-applying over the bad record: %+v %v, want findings", res, err)
+	}
+	t.Logf("findings: %v (first port %v, now %v)", res.Findings, first.Ports, res.Ports)
+	// Another kind under p/e/ is refused.
+	if err := st.Commit(ctx, nil, []store.Op{store.Put(endpointKey(ep("y")), []byte(`{"kind":"cni","host":"h1","spec":[],"ports":[]}`))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Allocate(ctx, ep("y"), spec); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("record of kind cni: %v", err)
+	}
+	if _, _, err := a.Lookup(ctx, ep("y")); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("lookup of kind cni: %v", err)
+	}
+}
+
+func TestEndpointIDs(t *testing.T) {
+	if Kind != string(pool.KindPort) {
+		t.Fatalf("Kind %q differs from pool.KindPort %q", Kind, pool.KindPort)
+	}
+	id := ep("c1")
+	if s := id.String(); s != "port/net/c1/eth0" {
+		t.Fatalf("String: %q", s)
+	}
+	if got, ok := ParseEndpointID(id.String()); !ok || got != id {
+		t.Fatalf("Parse: %+v %v", got, ok)
+	}
+	for _, bad := range []string{"net/c1/eth0", "cni/net/c1/eth0", "port/net/c1", "port//c1/eth0"} {
+		if _, ok := ParseEndpointID(bad); ok {
+			t.Fatalf("Parse(%q) accepted", bad)
+		}
+	}
+	if got, ok := endpointOfKey(endpointKey(id)); !ok || got != id {
+		t.Fatalf("key round trip: %+v %v", got, ok)
+	}
+	// Every key of the package is under p/.
+	for _, k := range []string{endpointKey(id), addrKey(Address{"udp", 53})} {
+		if !strings.HasPrefix(k, "p/") {
+			t.Fatalf("key %q outside p/", k)
+		}
+	}
+}
+
+// A request too large for one store transaction is refused as invalid,
+// not retried as a conflict.
+func TestTooManyPorts(t *testing.T) {
+	a, _ := New(memory.New(), "h1")
+	var spec []Port
+	for i := range store.MaxOps {
+		spec = append(spec, Port{Mode: Host, Protocol: "tcp", Number: uint16(1000 + i)})
+	}
+	if _, err := a.Allocate(context.Background(), ep("big"), spec); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("%d ports: %v", len(spec), err)
+	}
+}
+
+// Verify reports a port whose address no longer lists the endpoint.
+func TestVerify(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	a, _ := New(st, "h1")
+	if _, ok, f, err := a.Verify(ctx, ep("x")); ok || f != nil || err != nil {
+		t.Fatalf("nothing held: %v %v %v", ok, f, err)
+	}
+	if _, err := a.Allocate(ctx, ep("x"), []Port{{Mode: Ingress, Protocol: "tcp", Number: 7000}, {Mode: Host, Protocol: "udp"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, f, err := a.Verify(ctx, ep("x")); !ok || len(f) != 0 || err != nil {
+		t.Fatalf("consistent: %v %v %v", ok, f, err)
+	}
+	if err := st.Commit(ctx, nil, []store.Op{store.Delete(addrKey(Address{"tcp", 7000}))}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, f, err := a.Verify(ctx, ep("x")); !ok || len(f) != 1 || err != nil || !strings.Contains(f[0], "tcp/7000") {
+		t.Fatalf("address gone: %v %v %v", ok, f, err)
 	}
 }

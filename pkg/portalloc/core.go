@@ -88,8 +88,10 @@ func (s AddrState) hostClash(host string, ip netip.Addr) (HostUse, bool) {
 	return HostUse{}, false
 }
 
-// Endpoint is what the store keeps of one endpoint.
+// Endpoint is what the store keeps of one endpoint: its owner kind (Kind),
+// host, spec and ports (Ports[i] is Spec[i] allocated).
 type Endpoint struct {
+	Kind  string `json:"kind"`
 	Host  string `json:"host"`
 	Spec  []Port `json:"spec"`
 	Ports []Port `json:"ports"`
@@ -135,6 +137,10 @@ type Request struct {
 type Result struct {
 	Ports   []Port                // the endpoint's new ports, in spec order
 	Changes map[Address]AddrState // every address whose holders change, as they must be stored
+	// Previous are the ports the endpoint held before (those its stored
+	// record claims and their addresses list): what a data path set up for
+	// the endpoint's previous request covers.
+	Previous []Port
 	// Findings are stored allocations that did not check out (a port the
 	// endpoint record claims but its address does not list): reported,
 	// neither recovered nor released.
@@ -175,16 +181,21 @@ func Plan(v View, req Request) (Result, error) {
 		return v.State(a)
 	}
 	// Re-validate the stored ports: only those their address lists as this
-	// endpoint's count as held.
+	// endpoint's count as held, and only a record whose ports fit its spec
+	// is recovered from.
 	var held []Port
 	dynamicOld := map[int]bool{} // held ports whose spec entry was dynamic
+	fits := recordFits(req.Old)
+	if !fits {
+		res.Findings = append(res.Findings, fmt.Sprintf("endpoint %s: stored ports %v do not fit its stored spec %v: nothing is recovered from it", me, req.Old.Ports, req.Old.Spec))
+	}
 	for j, p := range req.Old.Ports {
 		s, err := v.State(p.addr())
 		if err != nil {
 			return Result{}, err
 		}
 		if lists(s, me, p, req.Old.Host) {
-			if j < len(req.Old.Spec) && req.Old.Spec[j].Number == 0 {
+			if fits && req.Old.Spec[j].Number == 0 {
 				dynamicOld[len(held)] = true
 			}
 			held = append(held, p)
@@ -192,6 +203,7 @@ func Plan(v View, req Request) (Result, error) {
 			res.Findings = append(res.Findings, fmt.Sprintf("endpoint %s claims %s %s, which its address does not list", me, p.Mode, p.addr()))
 		}
 	}
+	res.Previous = held
 	// Release every held port; the new ones are added below.
 	for _, p := range held {
 		s, err := state(p.addr())
@@ -347,6 +359,22 @@ func Plan(v View, req Request) (Result, error) {
 	return res, nil
 }
 
+// recordFits reports whether a stored endpoint's ports are its spec
+// allocated: one port per entry, a static entry's number kept, a dynamic
+// entry given a number, nothing else changed.
+func recordFits(e Endpoint) bool {
+	if len(e.Spec) != len(e.Ports) {
+		return false
+	}
+	for i, s := range e.Spec {
+		p := e.Ports[i]
+		if p.Number == 0 || !mostlyEqual(s, p) || s.Number != 0 && s.Number != p.Number {
+			return false
+		}
+	}
+	return true
+}
+
 // yieldable returns a host entry of this request that recovered a dynamic
 // number of protocol (in [lo, hi]) and may pick another one.
 func yieldable(ports []Port, recovered map[int]bool, protocol string, lo, hi uint16) (int, bool) {
@@ -440,6 +468,8 @@ var (
 	ErrDuplicate = errors.New("port asked twice in one request")
 	ErrExhausted = errors.New("dynamic port range exhausted")
 	ErrTryAgain  = errors.New("try again later")
+	// ErrCorrupt: a stored record cannot be read (reported, never used).
+	ErrCorrupt = errors.New("stored port record is corrupt")
 )
 
 // InUseError names who holds an address.

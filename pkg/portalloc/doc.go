@@ -26,20 +26,32 @@
 //
 // # Errors
 //
-// *InUseError (ErrInUse) names the holder, *DuplicateError (ErrDuplicate)
-// the two entries of the request, *ExhaustedError (ErrExhausted) the
-// protocol whose dynamic range is full; ErrInvalid a malformed spec. Store
+// *InUseError (ErrInUse) names the holder (port/<network>/<container>/<if>)
+// and its host, *DuplicateError (ErrDuplicate) the two entries of the
+// request, *ExhaustedError (ErrExhausted) the protocol whose dynamic range
+// is full; ErrInvalid a malformed spec (or more ports than one store
+// transaction holds), ErrCorrupt a stored record that cannot be read. Store
 // trouble is passed through (store.ErrUnavailable), contention that
-// outlasts the retries is ErrTryAgain. Allocator is safe for concurrent use.
+// outlasts the retries is ErrTryAgain. A failed Allocate writes nothing.
+// Allocator is safe for concurrent use; its zero value is not usable (New).
 //
-// # Store layout (keys under the store's prefix)
+// # Store layout (keys under the store's prefix; the package writes only p/)
 //
-//	p/a/<protocol>/<port, 5 digits>   who holds the address: the ingress endpoint, host-mode users
-//	p/e/<network>/<container>/<if>     an endpoint: host, spec, ports
+//	p/a/<protocol>/<port, 5 digits>   who holds the address: the ingress endpoint and its host, host-mode users (host, host IP, endpoint)
+//	p/e/<network>/<container>/<if>     an endpoint: kind "port", host, spec, ports
+//
+// Every rule of an address is decided on its one key, so two commits that
+// would break a rule always conflict. An Allocate reads the endpoint record
+// (one round trip), every address it holds or names (one), scans the
+// dynamic range from a per-endpoint start only for dynamic entries (one
+// scan per 128 held numbers passed), and commits once: its cost does not
+// grow with the number of ports published elsewhere. A repeated request
+// commits nothing.
 //
 // The pure decision (Plan) reads addresses through a View and returns the
 // new ports and the address states to write; the Allocator is the store
 // edge. Stored allocations are re-validated when read: a port an endpoint
-// record claims that its address does not list is reported (Result.Findings)
-// and neither recovered nor released.
+// record claims that its address does not list, or a record whose ports do
+// not fit its spec, is reported (Result.Findings) and not recovered from;
+// a port its address does not list is not released either.
 package portalloc

@@ -7,28 +7,44 @@ import (
 	"time"
 
 	"github.com/ringipam/ringipam/internal/testenv"
+	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/etcd"
+	"github.com/ringipam/ringipam/pkg/store/etcdjson"
 )
 
-// On a real etcd: the basics (an ingress port on host A refused on host B,
+// On a real etcd, through both clients (gRPC, and the JSON gateway the
+// plugins use): the basics (an ingress port on host A refused on host B,
 // host ports, exhaustion, release), and two hosts choosing dynamic ingress
 // ports 8 at a time each without a collision.
 func TestAllocatorEtcd(t *testing.T) {
 	srv := testenv.StartEtcd(t)
-	for _, tc := range []struct {
+	clients := []struct {
 		name string
-		run  func(*testing.T, *etcd.Store)
+		open func(prefix string) (store.Store, error)
 	}{
-		{"basics", func(t *testing.T, st *etcd.Store) { runAllocatorBasics(t, st) }},
-		{"concurrent dynamic ingress", func(t *testing.T, st *etcd.Store) { runConcurrentDynamicIngress(t, st) }},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			st, err := etcd.New(etcd.Config{Endpoints: srv.Endpoints(), Prefix: "/" + tc.name + "/", DialTimeout: 5 * time.Second, RequestTimeout: 30 * time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer st.Close()
-			tc.run(t, st)
-		})
+		{"grpc", func(prefix string) (store.Store, error) {
+			return etcd.New(etcd.Config{Endpoints: srv.Endpoints(), Prefix: prefix, DialTimeout: 5 * time.Second, RequestTimeout: 30 * time.Second})
+		}},
+		{"json", func(prefix string) (store.Store, error) {
+			return etcdjson.New(etcdjson.Config{Endpoints: srv.Endpoints(), Prefix: prefix, DialTimeout: 5 * time.Second, RequestTimeout: 30 * time.Second})
+		}},
+	}
+	for _, c := range clients {
+		for _, tc := range []struct {
+			name string
+			run  func(*testing.T, store.Store)
+		}{
+			{"basics", runAllocatorBasics},
+			{"concurrent dynamic ingress", runConcurrentDynamicIngress},
+		} {
+			t.Run(c.name+"/"+tc.name, func(t *testing.T) {
+				st, err := c.open("/" + c.name + "-" + tc.name + "/")
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer st.Close()
+				tc.run(t, st)
+			})
+		}
 	}
 }

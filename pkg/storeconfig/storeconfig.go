@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -254,4 +255,18 @@ func (c Config) Describe() string {
 		p = local.DefaultPath
 	}
 	return "local " + p
+}
+
+// HostName is this host's stable name in the store, as every front end
+// resolves it: the configured name when there is one, else the machine's
+// hostname (Kubernetes nodes are named after it by default).
+func HostName(configured string) (string, error) {
+	if configured != "" {
+		return configured, nil
+	}
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "", fmt.Errorf("no host name configured and the machine's hostname is unknown: %v", err)
+	}
+	return h, nil
 }

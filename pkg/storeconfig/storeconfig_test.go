@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -188,5 +189,15 @@ func TestPluginsDoNotLinkTheGRPCClient(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+func TestHostName(t *testing.T) {
+	if h, err := storeconfig.HostName("node-1"); err != nil || h != "node-1" {
+		t.Fatalf("configured: %q %v", h, err)
+	}
+	want, _ := os.Hostname()
+	if h, err := storeconfig.HostName(""); err != nil || h != want {
+		t.Fatalf("default: %q %v, want %q", h, err, want)
 	}
 }

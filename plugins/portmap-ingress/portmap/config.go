@@ -1,15 +1,19 @@
 // Package portmap is the portmap-ingress CNI plugin: a chained plugin that
 // publishes a container's ports, unique per host (host mode) or across the
 // cluster (ingress mode), through pkg/portalloc, and programs the host's
-// packet filter (one nftables table of its own) to reach them.
+// packet filter (one nftables table of its own, or iptables chains where
+// nftables is missing) to reach them.
 //
 // Contract: ADD allocates every requested port in one store transaction and
-// then installs the rules; if the rules fail, the ports are released again.
-// DEL releases what the attachment holds (its record says what, so DEL
-// needs no portMappings) and removes exactly the rules ADD added; it
-// succeeds when there is nothing left. CHECK verifies the allocation and the
-// rules. GC removes rules and allocations of attachments that are gone, on
-// this host only. Errors map to CNI codes at the edge (errors.go).
+// then installs the forwards; if the forwards fail, the ports are released
+// again. DEL releases what the attachment holds (its store record says
+// what, so DEL needs no portMappings) and removes exactly the forwards ADD
+// added (each carries the attachment's mark); it succeeds when there is
+// nothing left. CHECK verifies the allocation and the forwards. GC removes
+// forwards and allocations of this network's attachments that are gone, on
+// this host only. The verbs' cores (core.go) take their store and data path
+// as small interfaces and return values; Edge (cmd.go) does the I/O and
+// maps errors to CNI codes (errors.go).
 package portmap
 
 import (
@@ -17,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -45,6 +48,13 @@ type Mapping struct {
 	Mode          portalloc.Mode
 }
 
+// Dataplane kinds (the "dataplane" key).
+const (
+	DataplaneAuto     = "auto"     // nftables when the nft command is there, else iptables
+	DataplaneNFTables = "nftables" // one inet table of the plugin's own (knftables)
+	DataplaneIPTables = "iptables" // chains of the plugin's own in the nat tables of iptables and ip6tables
+)
+
 // Config is the validated configuration of one invocation.
 type Config struct {
 	CNIVersion string
@@ -54,11 +64,15 @@ type Config struct {
 	Lo, Hi     uint16
 	Timeout    time.Duration
 	Table      string
+	Dataplane  string
 	Store      storeconfig.Config
 	Mappings   []Mapping
-	PrevResult *current.Result
-	Valid      []types.GCAttachment
-	HasValid   bool
+	// MappingsErr is why the requested mappings (or prevResult) could not
+	// be read: ADD and CHECK fail with it, DEL and GC need neither.
+	MappingsErr error
+	PrevResult  *current.Result
+	Valid       []types.GCAttachment
+	HasValid    bool
 }
 
 // mappingJSON accepts both spellings: the CNI convention (hostPort) and
@@ -84,6 +98,7 @@ type netJSON struct {
 	DynamicRange  string          `json:"dynamicRange"`
 	Timeout       string          `json:"timeout"`
 	Table         string          `json:"table"`
+	Dataplane     string          `json:"dataplane"`
 	Store         json.RawMessage `json:"store"`
 	RawPrevResult map[string]any  `json:"prevResult"`
 	RuntimeConfig struct {
@@ -102,6 +117,9 @@ const PublishAnnotation = "ringipam.io/publish"
 // DefaultTable is the nftables table the plugin owns.
 const DefaultTable = "ringipam-portmap"
 
+// DefaultTimeout bounds one invocation when the configuration sets none.
+const DefaultTimeout = 30 * time.Second
+
 // Load parses and validates stdin and CNI_ARGS.
 func Load(stdin []byte, cniArgs string) (*Config, error) {
 	var n netJSON
@@ -111,10 +129,10 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 	if n.Name == "" {
 		return nil, badConfig("the network has no name")
 	}
-	c := &Config{CNIVersion: n.CNIVersion, Network: n.Name, Host: n.Host, Mode: portalloc.Host,
-		Lo: portalloc.DefaultLo, Hi: portalloc.DefaultHi, Timeout: 30 * time.Second, Table: DefaultTable}
-	if strings.ContainsRune(c.Network, '/') {
-		return nil, badConfig("network name %q may not contain '/'", c.Network)
+	c := &Config{CNIVersion: n.CNIVersion, Network: n.Name, Mode: portalloc.Host,
+		Lo: portalloc.DefaultLo, Hi: portalloc.DefaultHi, Timeout: DefaultTimeout, Table: DefaultTable, Dataplane: DataplaneAuto}
+	if err := (portalloc.EndpointID{Network: c.Network, ContainerID: "x"}).Validate(); err != nil {
+		return nil, badConfig("network name %q: %v", c.Network, err)
 	}
 	switch portalloc.Mode(n.Mode) {
 	case "":
@@ -123,13 +141,11 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 	default:
 		return nil, badConfig("mode %q: want host or ingress", n.Mode)
 	}
-	if c.Host == "" {
-		h, err := os.Hostname()
-		if err != nil || h == "" {
-			return nil, badConfig("no \"host\" given and the hostname is unknown")
-		}
-		c.Host = h
+	host, err := storeconfig.HostName(n.Host)
+	if err != nil {
+		return nil, badConfig("host: %v", err)
 	}
+	c.Host = host
 	if n.DynamicRange != "" {
 		lo, hi, ok := strings.Cut(n.DynamicRange, "-")
 		l, err1 := strconv.ParseUint(strings.TrimSpace(lo), 10, 16)
@@ -147,7 +163,17 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 		c.Timeout = d
 	}
 	if n.Table != "" {
+		if !validTable(n.Table) {
+			return nil, badConfig("table %q: want 1-32 letters, digits, '-' or '_'", n.Table)
+		}
 		c.Table = n.Table
+	}
+	switch n.Dataplane {
+	case "":
+	case DataplaneAuto, DataplaneNFTables, DataplaneIPTables:
+		c.Dataplane = n.Dataplane
+	default:
+		return nil, badConfig("dataplane %q: want auto, nftables or iptables", n.Dataplane)
 	}
 	if len(n.Store) > 0 && string(n.Store) != "null" {
 		s, err := storeconfig.Parse(n.Store)
@@ -156,38 +182,15 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 		}
 		c.Store = s
 	}
-	for i, m := range n.RuntimeConfig.PortMappings {
-		mp, err := m.mapping(c.Mode)
-		if err != nil {
-			return nil, badConfig("portMappings[%d]: %v", i, err)
-		}
-		c.Mappings = append(c.Mappings, mp)
-	}
-	if s := n.RuntimeConfig.Annotations[PublishAnnotation]; s != "" {
-		ms, err := parsePublish(s, c.Mode)
-		if err != nil {
-			return nil, badConfig("annotation %s: %v", PublishAnnotation, err)
-		}
-		c.Mappings = append(c.Mappings, ms...)
-	}
-	for _, kv := range strings.Split(cniArgs, ";") {
-		k, v, _ := strings.Cut(kv, "=")
-		if k == "PUBLISH" && v != "" {
-			ms, err := parsePublish(v, c.Mode)
-			if err != nil {
-				return nil, badConfig("CNI_ARGS PUBLISH: %v", err)
-			}
-			c.Mappings = append(c.Mappings, ms...)
-		}
-	}
-	if n.RawPrevResult != nil {
+	c.MappingsErr = c.loadMappings(&n, cniArgs)
+	if c.MappingsErr == nil && n.RawPrevResult != nil {
 		b, _ := json.Marshal(n.RawPrevResult)
 		r, err := current.NewResult(b)
-		if err != nil {
-			return nil, badConfig("prevResult: %v", err)
+		if err == nil {
+			c.PrevResult, err = current.GetResult(r)
 		}
-		if c.PrevResult, err = current.GetResult(r); err != nil {
-			return nil, badConfig("prevResult: %v", err)
+		if err != nil {
+			c.MappingsErr = badConfig("prevResult: %v", err)
 		}
 	}
 	if len(n.Valid) > 0 {
@@ -197,6 +200,51 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 		c.HasValid = true
 	}
 	return c, nil
+}
+
+// loadMappings reads the requested mappings: the portMappings capability,
+// the publish annotation and CNI_ARGS PUBLISH, in that order.
+func (c *Config) loadMappings(n *netJSON, cniArgs string) error {
+	for i, m := range n.RuntimeConfig.PortMappings {
+		mp, err := m.mapping(c.Mode)
+		if err != nil {
+			return badConfig("portMappings[%d]: %v", i, err)
+		}
+		c.Mappings = append(c.Mappings, mp)
+	}
+	if s := n.RuntimeConfig.Annotations[PublishAnnotation]; s != "" {
+		ms, err := parsePublish(s, c.Mode)
+		if err != nil {
+			return badConfig("annotation %s: %v", PublishAnnotation, err)
+		}
+		c.Mappings = append(c.Mappings, ms...)
+	}
+	for _, kv := range strings.Split(cniArgs, ";") {
+		k, v, _ := strings.Cut(kv, "=")
+		if k == "PUBLISH" && v != "" {
+			ms, err := parsePublish(v, c.Mode)
+			if err != nil {
+				return badConfig("CNI_ARGS PUBLISH: %v", err)
+			}
+			c.Mappings = append(c.Mappings, ms...)
+		}
+	}
+	if err := portalloc.ValidateSpec(c.spec()); err != nil {
+		return badConfig("%v", err)
+	}
+	return nil
+}
+
+func validTable(s string) bool {
+	if len(s) == 0 || len(s) > 32 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 func (m mappingJSON) mapping(def portalloc.Mode) (Mapping, error) {

@@ -40,19 +40,35 @@ func TestLoadMappings(t *testing.T) {
 		t.Errorf("host IP %v", c.Mappings[1].HostIP)
 	}
 	// An ingress mapping with a host IP is refused by the allocator's spec
-	// check, with code 7.
-	if err := portalloc.ValidateSpec(c.spec()); !errors.Is(err, portalloc.ErrInvalid) {
+	// check, with code 7, for ADD and CHECK (DEL needs no mappings).
+	if err := c.MappingsErr; !errors.Is(err, ErrBadConfig) || CNIError(err).Code != 7 {
 		t.Errorf("ingress with hostIP: %v", err)
 	}
 	for _, bad := range []string{
-		`{"name":"n","runtimeConfig":{"portMappings":[{"hostPort":70000,"containerPort":80}]}}`,
-		`{"name":"n","runtimeConfig":{"portMappings":[{"hostPort":80}]}}`,
 		`{"name":"n","mode":"cluster"}`,
+		`{"name":"n","dataplane":"ebpf"}`,
+		`{"name":"n","table":"a b"}`,
+		`{"name":"n","timeout":"-1s"}`,
+		`{"name":"n","store":{"type":"etcd"}}`,
 		`{"name":"n","dynamicRange":"5-1"}`,
 		`{"name":"a/b"}`,
 	} {
 		if _, err := Load([]byte(bad), ""); !errors.Is(err, ErrBadConfig) || CNIError(err).Code != 7 {
 			t.Errorf("%s: %v", bad, err)
+		}
+	}
+	// Bad mappings fail ADD and CHECK (code 7) but not the load: DEL and
+	// GC need no mappings.
+	for _, bad := range []string{
+		`{"name":"n","runtimeConfig":{"portMappings":[{"hostPort":70000,"containerPort":80}]}}`,
+		`{"name":"n","runtimeConfig":{"portMappings":[{"hostPort":80}]}}`,
+		`{"name":"n","runtimeConfig":{"portMappings":[{"hostPort":80,"containerPort":80,"protocol":"icmp"}]}}`,
+		`{"name":"n","runtimeConfig":{"portMappings":[{"hostPort":80,"containerPort":80,"hostIP":"not-an-ip"}]}}`,
+		`{"name":"n","prevResult":{"ips":"nonsense"}}`,
+	} {
+		c, err := Load([]byte(bad), "PUBLISH=80/tcp")
+		if err != nil || !errors.Is(c.MappingsErr, ErrBadConfig) || CNIError(c.MappingsErr).Code != 7 {
+			t.Errorf("%s: %v, mappings %v", bad, err, c.MappingsErr)
 		}
 	}
 }

@@ -2,15 +2,9 @@ package portmap
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strings"
 
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 	"sigs.k8s.io/knftables"
 )
 
@@ -24,26 +18,9 @@ import (
 //	map addr4/addr6       host ip . proto . port : container ip . port (bound to one address)
 //	set hairpin4/6    container ip . container ip (a container reaching itself)
 //
-// Every element carries the attachment as its comment, so DEL and GC remove
-// exactly what ADD added, and ADD costs the same whatever the number of
-// mappings (elements are added one by one; no rule is listed).
-
-// Rule is one port forward, as it is written to the maps.
-type Rule struct {
-	Protocol      string
-	HostPort      uint16
-	HostIP        netip.Addr // invalid: every host address
-	ContainerIP   netip.Addr
-	ContainerPort uint16
-}
-
-// Dataplane programs forwards. The nft implementation is the product;
-// tests of the verbs may use another.
-type Dataplane interface {
-	Add(ctx context.Context, owner string, rules []Rule) error
-	Remove(ctx context.Context, owner string) error
-	Owners(ctx context.Context) (map[string][]Rule, error)
-}
+// Every element carries the attachment's mark as its comment, so DEL and GC
+// remove exactly what ADD added, and ADD costs the same whatever the number
+// of mappings (elements are added one by one; nothing is listed).
 
 type nftDataplane struct {
 	nft knftables.Interface
@@ -124,16 +101,16 @@ func elements(owner string, rules []Rule) []*knftables.Element {
 	return out
 }
 
-func (d *nftDataplane) Add(ctx context.Context, owner string, rules []Rule) error {
+func (d *nftDataplane) Add(ctx context.Context, mark string, rules []Rule) error {
 	tx := d.nft.NewTransaction()
 	d.ensure(tx)
-	for _, e := range elements(owner, rules) {
+	for _, e := range elements(mark, rules) {
 		tx.Add(e)
 	}
 	if err := d.nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("nftables: %w", err)
 	}
-	return flushUDP(rules)
+	return nil
 }
 
 var allObjects = []struct{ kind, name string }{{"map", "any4"}, {"map", "any6"}, {"map", "addr4"}, {"map", "addr6"}, {"set", "hairpin4"}, {"set", "hairpin6"}}
@@ -160,7 +137,7 @@ func (d *nftDataplane) list(ctx context.Context) ([]*knftables.Element, error) {
 	return out, nil
 }
 
-func (d *nftDataplane) Remove(ctx context.Context, owner string) error {
+func (d *nftDataplane) Remove(ctx context.Context, mark string) error {
 	els, err := d.list(ctx)
 	if err != nil {
 		return err
@@ -168,7 +145,7 @@ func (d *nftDataplane) Remove(ctx context.Context, owner string) error {
 	tx := d.nft.NewTransaction()
 	n := 0
 	for _, e := range els {
-		if e.Comment != nil && *e.Comment == owner {
+		if e.Comment != nil && *e.Comment == mark {
 			tx.Delete(&knftables.Element{Map: e.Map, Set: e.Set, Key: e.Key})
 			n++
 		}
@@ -182,7 +159,7 @@ func (d *nftDataplane) Remove(ctx context.Context, owner string) error {
 	return nil
 }
 
-func (d *nftDataplane) Owners(ctx context.Context) (map[string][]Rule, error) {
+func (d *nftDataplane) Marks(ctx context.Context) (map[string][]Rule, error) {
 	els, err := d.list(ctx)
 	if err != nil {
 		return nil, err
@@ -223,49 +200,4 @@ func ruleOf(e *knftables.Element) (Rule, bool) {
 	r.HostPort, r.ContainerPort = uint16(hp), uint16(cp)
 	r.ContainerIP, _ = netip.ParseAddr(e.Value[0])
 	return r, true
-}
-
-// flushUDP drops conntrack entries of remapped UDP ports: a client that
-// sent before the mapping existed would otherwise keep its stale flow.
-func flushUDP(rules []Rule) error {
-	var errs []error
-	for _, r := range rules {
-		if r.Protocol != "udp" {
-			continue
-		}
-		f := &netlink.ConntrackFilter{}
-		if err := f.AddProtocol(unix.IPPROTO_UDP); err != nil {
-			return err
-		}
-		if err := f.AddPort(netlink.ConntrackOrigDstPort, r.HostPort); err != nil {
-			return err
-		}
-		fam := netlink.FAMILY_V4
-		if r.ContainerIP.Is6() {
-			fam = netlink.FAMILY_V6
-		}
-		if _, err := netlink.ConntrackDeleteFilters(netlink.ConntrackTable, netlink.InetFamily(fam), f); err != nil {
-			errs = append(errs, fmt.Errorf("flushing conntrack of udp/%d: %w", r.HostPort, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// enableRouteLocalnet lets traffic to 127.0.0.1 be DNATed out through the
-// host-side interfaces of the attachment (as the reference portmap does).
-func enableRouteLocalnet(ifnames []string) error {
-	var errs []error
-	for _, name := range ifnames {
-		if name == "" || strings.ContainsAny(name, "/.") {
-			continue
-		}
-		p := filepath.Join("/proc/sys/net/ipv4/conf", name, "route_localnet")
-		if _, err := os.Stat(p); err != nil {
-			continue
-		}
-		if err := os.WriteFile(p, []byte("1"), 0o644); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
 }

@@ -1,0 +1,347 @@
+package portmap
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/ringipam/ringipam/pkg/portalloc"
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/memory"
+)
+
+// fakeDataplane keeps forwards in a map; failAdd makes Add fail after
+// installing (as a half-applied setup would).
+type fakeDataplane struct {
+	mu      sync.Mutex
+	marks   map[string][]Rule
+	failAdd error
+	removed []string
+}
+
+func newFake() *fakeDataplane { return &fakeDataplane{marks: map[string][]Rule{}} }
+
+func (f *fakeDataplane) Add(_ context.Context, mark string, rules []Rule) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.marks[mark] = append(f.marks[mark], rules...)
+	return f.failAdd
+}
+
+func (f *fakeDataplane) Remove(_ context.Context, mark string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.marks, mark)
+	f.removed = append(f.removed, mark)
+	return nil
+}
+
+func (f *fakeDataplane) Marks(context.Context) (map[string][]Rule, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.marks), nil
+}
+
+// world is one host's plugin over a shared memory store.
+type world struct {
+	st  store.Store
+	dp  *fakeDataplane
+	out bytes.Buffer
+	log bytes.Buffer
+}
+
+func newWorld(st store.Store) *world { return &world{st: st, dp: newFake()} }
+
+func (w *world) edge() Edge {
+	return Edge{Stdout: &w.out, Stderr: &w.log, Open: func(_ context.Context, c *Config) (Opened, error) {
+		a, err := portalloc.New(w.st, c.Host, portalloc.WithDynamicRange(c.Lo, c.Hi))
+		if err != nil {
+			return Opened{}, err
+		}
+		return Opened{Ports: a, Dataplane: w.dp, Ping: func(ctx context.Context) error { return store.Ping(ctx, w.st) }, Close: func() error { return nil }}, nil
+	}}
+}
+
+const prevResult = `{"cniVersion":"1.1.0","interfaces":[{"name":"cni0"},{"name":"veth1"},{"name":"eth0","sandbox":"/var/run/netns/x"}],
+ "ips":[{"address":"198.18.131.5/24","interface":2},{"address":"fd00::5/64","interface":2}]}`
+
+// conf is a network configuration with mappings (JSON) for host.
+func conf(host, mappings string, extra string) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"web","type":"portmap-ingress","host":%q,"dynamicRange":"30000-30009"%s,
+	 "runtimeConfig":{"portMappings":[%s]},"prevResult":%s}`, host, extra, mappings, prevResult))
+}
+
+func args(id string, stdin []byte) *skel.CmdArgs {
+	return &skel.CmdArgs{ContainerID: id, IfName: "eth0", Netns: "/var/run/netns/x", StdinData: stdin}
+}
+
+func code(err error) uint {
+	var te *types.Error
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return 0
+}
+
+func TestAddDelThroughTheEdge(t *testing.T) {
+	w := newWorld(memory.New())
+	e := w.edge()
+	stdin := conf("h1", `{"hostPort":8080,"containerPort":80},{"hostPort":0,"containerPort":53,"protocol":"udp","mode":"ingress"}`, "")
+	if err := e.Add(args("c1", stdin)); err != nil {
+		t.Fatal(err)
+	}
+	// prevResult passed on unchanged.
+	var res map[string]any
+	if err := json.Unmarshal(w.out.Bytes(), &res); err != nil || len(res["ips"].([]any)) != 2 {
+		t.Fatalf("result %s: %v", w.out.String(), err)
+	}
+	if !strings.Contains(w.log.String(), "published host tcp 8080->80, ingress udp 3000") {
+		t.Fatalf("log: %s", w.log.String())
+	}
+	mark := Mark(portalloc.EndpointID{Network: "web", ContainerID: "c1", IfName: "eth0"})
+	rules := w.dp.marks[mark]
+	if len(rules) != 4 { // two ports x two container addresses
+		t.Fatalf("rules %v", rules)
+	}
+	if err := e.Check(args("c1", stdin)); err != nil {
+		t.Fatalf("CHECK: %v", err)
+	}
+	// A second attachment asking for the taken host port: 100, naming it.
+	err := e.Add(args("c2", conf("h1", `{"hostPort":8080,"containerPort":80}`, "")))
+	if code(err) != CodeInUse || !strings.Contains(err.Error(), "port/web/c1/eth0") || !strings.Contains(err.Error(), "host h1") {
+		t.Fatalf("taken port: %v", err)
+	}
+	// DEL without mappings nor prevResult releases everything.
+	if err := e.Del(args("c1", []byte(`{"cniVersion":"1.1.0","name":"web","type":"portmap-ingress","host":"h1"}`))); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.dp.marks) != 0 {
+		t.Fatalf("forwards left after DEL: %v", w.dp.marks)
+	}
+	if err := e.Add(args("c2", conf("h1", `{"hostPort":8080,"containerPort":80}`, ""))); err != nil {
+		t.Fatalf("8080 after DEL: %v", err)
+	}
+	// DEL again, and DEL of an attachment that never published: success.
+	for _, id := range []string{"c1", "c9"} {
+		if err := e.Del(args(id, conf("h1", "", ""))); err != nil {
+			t.Fatalf("DEL %s: %v", id, err)
+		}
+	}
+}
+
+func TestErrorsMapToCodes(t *testing.T) {
+	w := newWorld(memory.New())
+	e := w.edge()
+	for _, tc := range []struct {
+		name     string
+		mappings string
+		extra    string
+		code     uint
+	}{
+		{"duplicate", `{"hostPort":8080,"containerPort":80},{"hostPort":8080,"containerPort":81}`, "", CodeDuplicate},
+		{"exhausted", strings.Repeat(`{"hostPort":0,"containerPort":80,"protocol":"sctp"},`, 10) + `{"hostPort":0,"containerPort":80,"protocol":"sctp"}`, "", CodeExhausted},
+		{"bad mapping", `{"hostPort":8080}`, "", types.ErrInvalidNetworkConfig},
+		{"ingress with a host IP", `{"hostPort":8080,"containerPort":80,"hostIP":"198.18.0.1","mode":"ingress"}`, "", types.ErrInvalidNetworkConfig},
+		{"host IP of a family the container lacks", `{"hostPort":8080,"containerPort":80,"hostIP":"2001:db8::1"}`, `,"prevResult":{"cniVersion":"1.1.0","ips":[{"address":"198.18.131.5/24"}]}`, types.ErrInvalidNetworkConfig},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stdin := conf("h1", tc.mappings, "")
+			if tc.extra != "" {
+				stdin = []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"web","type":"portmap-ingress","host":"h1","runtimeConfig":{"portMappings":[%s]}%s}`, tc.mappings, tc.extra))
+			}
+			err := e.Add(args("c-"+tc.name[:3], stdin))
+			if code(err) != tc.code {
+				t.Fatalf("%v (code %d), want code %d", err, code(err), tc.code)
+			}
+			if len(w.dp.marks) != 0 {
+				t.Fatalf("a failed ADD left forwards: %v", w.dp.marks)
+			}
+		})
+	}
+	// No prevResult: chained plugins need one.
+	if err := e.Add(args("x", []byte(`{"cniVersion":"1.1.0","name":"web"}`))); code(err) != types.ErrInvalidNetworkConfig {
+		t.Fatalf("no prevResult: %v", err)
+	}
+	// The store unreachable: try again later.
+	e.Open = func(context.Context, *Config) (Opened, error) {
+		return Opened{}, fmt.Errorf("opening store: %w", store.ErrUnavailable)
+	}
+	if err := e.Add(args("y", conf("h1", `{"hostPort":8080,"containerPort":80}`, ""))); code(err) != types.ErrTryAgainLater {
+		t.Fatalf("store down: %v", err)
+	}
+	if err := e.Status(args("y", conf("h1", "", ""))); code(err) != CodePluginNotAvailable {
+		t.Fatalf("STATUS with the store down: %v", err)
+	}
+}
+
+// ADD without mappings passes prevResult on and touches nothing.
+func TestAddWithoutMappings(t *testing.T) {
+	w := newWorld(memory.New())
+	e := w.edge()
+	opened := false
+	e.Open = func(context.Context, *Config) (Opened, error) {
+		opened = true
+		return Opened{}, errors.New("not expected")
+	}
+	if err := e.Add(args("c1", conf("h1", "", ""))); err != nil || opened || !strings.Contains(w.out.String(), "198.18.131.5/24") {
+		t.Fatalf("%v opened=%v out=%s", err, opened, w.out.String())
+	}
+}
+
+// A data path that fails leaves no port held and no forward.
+func TestFailedForwardsReleaseThePorts(t *testing.T) {
+	w := newWorld(memory.New())
+	w.dp.failAdd = errors.New("nft: boom")
+	e := w.edge()
+	if err := e.Add(args("c1", conf("h1", `{"hostPort":8080,"containerPort":80}`, ""))); err == nil || !strings.Contains(err.Error(), "boom") {
+		t.Fatalf("ADD: %v", err)
+	}
+	if len(w.dp.marks) != 0 {
+		t.Fatalf("forwards left: %v", w.dp.marks)
+	}
+	w.dp.failAdd = nil
+	if err := e.Add(args("c2", conf("h1", `{"hostPort":8080,"containerPort":80}`, ""))); err != nil {
+		t.Fatalf("8080 after the failed ADD: %v", err)
+	}
+}
+
+// ADD again for one attachment with other mappings replaces its forwards.
+func TestReAddReplacesForwards(t *testing.T) {
+	w := newWorld(memory.New())
+	e := w.edge()
+	if err := e.Add(args("c1", conf("h1", `{"hostPort":8080,"containerPort":80}`, ""))); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Add(args("c1", conf("h1", `{"hostPort":9090,"containerPort":80}`, ""))); err != nil {
+		t.Fatal(err)
+	}
+	mark := Mark(portalloc.EndpointID{Network: "web", ContainerID: "c1", IfName: "eth0"})
+	for _, r := range w.dp.marks[mark] {
+		if r.HostPort != 9090 {
+			t.Fatalf("stale forward %v", r)
+		}
+	}
+	if len(w.dp.marks[mark]) != 2 {
+		t.Fatalf("forwards %v", w.dp.marks[mark])
+	}
+}
+
+func TestCheckFindsDifferences(t *testing.T) {
+	st := memory.New()
+	w := newWorld(st)
+	e := w.edge()
+	stdin := conf("h1", `{"hostPort":8080,"containerPort":80}`, "")
+	if err := e.Add(args("c1", stdin)); err != nil {
+		t.Fatal(err)
+	}
+	mark := Mark(portalloc.EndpointID{Network: "web", ContainerID: "c1", IfName: "eth0"})
+	// A different request.
+	if err := e.Check(args("c1", conf("h1", `{"hostPort":8081,"containerPort":80}`, ""))); code(err) != CodeCheckFailed {
+		t.Fatalf("other port: %v", err)
+	}
+	// A forward gone.
+	saved := w.dp.marks[mark]
+	w.dp.marks[mark] = saved[:1]
+	if err := e.Check(args("c1", stdin)); code(err) != CodeCheckFailed || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("forward gone: %v", err)
+	}
+	w.dp.marks[mark] = saved
+	// The store's address no longer lists the attachment.
+	if err := st.Commit(context.Background(), nil, []store.Op{store.Delete("p/a/tcp/08080")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Check(args("c1", stdin)); code(err) != CodeCheckFailed || !strings.Contains(err.Error(), "does not list") {
+		t.Fatalf("reservation gone: %v", err)
+	}
+	// Nothing published and nothing asked: fine.
+	if err := e.Check(args("c9", conf("h1", "", ""))); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Check(args("c9", stdin)); code(err) != CodeCheckFailed {
+		t.Fatalf("nothing published: %v", err)
+	}
+}
+
+// GC cleans this network's stale attachments on this host only.
+func TestGCThisHostThisNetwork(t *testing.T) {
+	st := memory.New()
+	h1, h2 := newWorld(st), newWorld(st)
+	for _, x := range []struct {
+		w    *world
+		host string
+		id   string
+		port int
+		net  string
+	}{
+		{h1, "h1", "keep", 8001, "web"}, {h1, "h1", "gone", 8002, "web"}, {h1, "h1", "othernet", 8003, "db"},
+		{h2, "h2", "remote", 8004, "web"},
+	} {
+		stdin := conf(x.host, fmt.Sprintf(`{"hostPort":%d,"containerPort":80}`, x.port), "")
+		stdin = bytes.Replace(stdin, []byte(`"name":"web"`), []byte(`"name":"`+x.net+`"`), 1)
+		if err := x.w.edge().Add(args(x.id, stdin)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A stray forward of this network with no store record, and one with
+	// a long name (hashed mark).
+	long := portalloc.EndpointID{Network: "web", ContainerID: strings.Repeat("a", 150), IfName: "eth0"}
+	h1.dp.marks[Mark(portalloc.EndpointID{Network: "web", ContainerID: "stray", IfName: "eth0"})] = nil
+	h1.dp.marks[Mark(long)] = nil
+	gc := []byte(`{"cniVersion":"1.1.0","name":"web","type":"portmap-ingress","host":"h1",
+	 "cni.dev/valid-attachments":[{"containerID":"keep","ifname":"eth0"},{"containerID":"remote","ifname":"eth0"}]}`)
+	if err := h1.edge().GC(args("", gc)); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for m := range h1.dp.marks {
+		left = append(left, m)
+	}
+	slices.Sort(left)
+	if want := []string{"port/db/othernet/eth0", "port/web/keep/eth0"}; !slices.Equal(left, want) {
+		t.Fatalf("forwards after GC: %v, want %v", left, want)
+	}
+	a, _ := portalloc.New(st, "h1")
+	for id, want := range map[string]bool{"keep": true, "gone": false, "remote": true} {
+		if _, ok, _ := a.Lookup(context.Background(), portalloc.EndpointID{Network: "web", ContainerID: id, IfName: "eth0"}); ok != want {
+			t.Errorf("%s held after GC: %v, want %v", id, ok, want)
+		}
+	}
+	// h2's attachment is not in h1's list at all: h1's GC leaves it alone.
+	gc2 := bytes.Replace(gc, []byte(`,{"containerID":"remote","ifname":"eth0"}`), nil, 1)
+	if err := h1.edge().GC(args("", gc2)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := a.Lookup(context.Background(), portalloc.EndpointID{Network: "web", ContainerID: "remote", IfName: "eth0"}); !ok {
+		t.Fatal("h1's GC released h2's attachment")
+	}
+	// Without a list, GC does nothing.
+	if err := h1.edge().GC(args("", []byte(`{"cniVersion":"1.1.0","name":"web","host":"h1"}`))); err != nil || len(h1.dp.marks) != 2 {
+		t.Fatalf("GC without a list: %v %v", err, h1.dp.marks)
+	}
+}
+
+func TestMarks(t *testing.T) {
+	id := portalloc.EndpointID{Network: "web", ContainerID: "c1", IfName: "eth0"}
+	if m := Mark(id); m != "port/web/c1/eth0" || !markOfNetwork(m, "web") || markOfNetwork(m, "we") {
+		t.Fatalf("plain mark %q", m)
+	}
+	long := portalloc.EndpointID{Network: "web", ContainerID: strings.Repeat("f", 200), IfName: "eth0"}
+	m := Mark(long)
+	if len(m) > maxMark || !plainMark(strings.Replace(m, "#", "", 1)) || !markOfNetwork(m, "web") || markOfNetwork(m, "db") || m == Mark(id) {
+		t.Fatalf("hashed mark %q", m)
+	}
+	odd := portalloc.EndpointID{Network: "web", ContainerID: `a"b c`, IfName: "eth0"}
+	if m := Mark(odd); !strings.HasPrefix(m, "port/#") || !markOfNetwork(m, "web") {
+		t.Fatalf("mark of an odd name %q", m)
+	}
+}
