@@ -325,8 +325,9 @@ func (s *Store) Close() error {
 	return nil
 }
 
-// classify wraps err with the store's sentinels: unreachable, timed out or
-// leaderless clusters become store.ErrUnavailable; too many operations or too
+// classify wraps err with the store's sentinels: unreachable, timed out
+// (on either side: ctx's deadline, or the server's under the deadline the
+// client sent) or leaderless clusters become store.ErrUnavailable; too many operations or too
 // large a request become store.ErrTooLarge; a caller's cancellation stays a
 // context.Canceled error.
 func classify(ctx context.Context, endpoints string, err error) error {
@@ -334,16 +335,22 @@ func classify(ctx context.Context, endpoints string, err error) error {
 		return fmt.Errorf("etcd store %s: %w", endpoints, err)
 	}
 	code := codes.Unknown
+	msg := ""
 	var ee rpctypes.EtcdError
 	if errors.As(err, &ee) {
 		code = ee.Code()
 	} else if st, ok := status.FromError(err); ok {
-		code = st.Code()
+		code, msg = st.Code(), st.Message()
 	}
+	// The server runs a request under the deadline the client sends along;
+	// when that passes inside the server, the answer is an Unknown status
+	// whose message is the context error, which can arrive just before the
+	// client's own deadline fires (found by integration/chaos).
+	serverTimedOut := code == codes.Unknown && strings.Contains(msg, context.DeadlineExceeded.Error())
 	switch {
 	case errors.Is(err, rpctypes.ErrTooManyOps), errors.Is(err, rpctypes.ErrRequestTooLarge):
 		return fmt.Errorf("%w: etcd store %s: %w", store.ErrTooLarge, endpoints, err)
-	case errors.Is(err, context.DeadlineExceeded),
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(ctx.Err(), context.DeadlineExceeded), serverTimedOut,
 		code == codes.Unavailable, code == codes.DeadlineExceeded, code == codes.ResourceExhausted:
 		return fmt.Errorf("%w: etcd at %s not reachable or without leader: %w", store.ErrUnavailable, endpoints, err)
 	default:
