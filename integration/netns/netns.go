@@ -7,6 +7,10 @@
 // parallel and repeated runs never collide. The package needs root and the
 // iproute2 "ip" command; RequireRoot skips a test that lacks them.
 //
+// DialContext connects from inside a namespace, and Forward relays a
+// loopback port of the test process to a server that lives only inside
+// one (both end with the test).
+//
 // Safe for concurrent use: each NS is immutable after New.
 package netns
 
