@@ -110,11 +110,14 @@ func TestChaosCatchesBrokenAllocator(t *testing.T) {
 
 // result is what a run found; line is its summary.
 type result struct {
-	ops, okAdds, kills, leaderChanges, partitions, driverRestarts, midRequest int
-	duplicates, leaks, lost, unclear                                          int
-	ringIntact                                                                bool
-	linearizable                                                              string
-	line                                                                      string
+	ops, okAdds, kills                     int
+	leaderChanges, leaderKills             int
+	partitions, driverRestarts, midRequest int
+	duplicates, leaks, lost, unclear       int
+	ringIntact                             bool
+	linearizable                           string
+	workload                               time.Duration
+	line                                   string
 }
 
 // The pool every front end shares: 24 addresses (.2 to .25) for at most 32
@@ -166,6 +169,13 @@ func (h *history) add(c call) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.calls = append(h.calls, c)
+}
+
+// snapshot returns a copy of the calls so far.
+func (h *history) snapshot() []call {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.calls)
 }
 
 func (h *history) len() int {
@@ -393,19 +403,18 @@ func runSuite(t *testing.T, p profile) result {
 			t.Errorf("agent %s: %v", a.host.name, err)
 		}
 	}
-	liveCNI := holdings{}
+	live := holdings{} // the attachments and endpoints the workers still hold
 	kills := 0
 	for _, a := range agents {
 		if d, ok := wait(t, a, a.done, "report of live attachments", 2*time.Minute); ok {
 			for id, addr := range d.Live {
-				liveCNI["cni/"+id] = addr
+				live["cni/"+id] = addr
 			}
 			kills += d.Kills
 		}
 	}
-	liveDocker := holdings{}
 	for mac, addr := range dw.stop() {
-		liveDocker["docker/"+mac] = addr
+		live["docker/"+mac] = addr
 	}
 	workload := time.Since(start)
 	if t.Failed() {
@@ -434,17 +443,26 @@ func runSuite(t *testing.T, p profile) result {
 	}
 	after := readHoldings(t, ctx, checker, network, poolName)
 
-	// Checks.
-	calls := slices.Clone(hist.calls)
-	sort.SliceStable(calls, func(i, j int) bool { return calls[i].Call < calls[j].Call })
-	r := result{ops: len(calls), kills: kills}
 	f.mu.Lock()
-	r.leaderChanges, r.partitions, r.driverRestarts, r.midRequest = f.leaderChanges, f.partitions, f.driverRestarts, f.midRequest
 	for _, e := range f.errs {
 		t.Errorf("fault injection: %s", e)
 	}
-	leaderKills := f.leaderKills
+	r := result{kills: kills, leaderChanges: f.leaderChanges, leaderKills: f.leaderKills, partitions: f.partitions,
+		driverRestarts: f.driverRestarts, midRequest: f.midRequest, workload: workload}
 	f.mu.Unlock()
+	judge(t, ctx, &r, p, run, checker, poolName, hist.snapshot(), final, after, live)
+	fmt.Println(r.line)
+	t.Log(r.line)
+	return r
+}
+
+// judge checks a finished run: the history calls, the readings of the
+// store before (final) and after GC, the attachments and endpoints still
+// live. It fills in r, with its summary line.
+func judge(t *testing.T, ctx context.Context, r *result, p profile, run string, checker *pool.Allocator, poolName string,
+	calls []call, final, after, live holdings) {
+	sort.SliceStable(calls, func(i, j int) bool { return calls[i].Call < calls[j].Call })
+	r.ops = len(calls)
 
 	dups := append(duplicatesSeen(calls), storeDuplicates(final, after)...)
 	for _, d := range dups {
@@ -452,13 +470,6 @@ func runSuite(t *testing.T, p profile) result {
 	}
 	r.duplicates = distinctDuplicates(dups)
 
-	live := holdings{}
-	for o, a := range liveCNI {
-		live[o] = a
-	}
-	for o, a := range liveDocker {
-		live[o] = a
-	}
 	for o, a := range after {
 		if _, ok := live[o]; !ok {
 			r.leaks++
@@ -530,12 +541,9 @@ func runSuite(t *testing.T, p profile) result {
 		"kills %d, leader changes %d (leader kills %d), partitions %d, driver restarts %d (mid-request %d), "+
 		"duplicates %d, leaks %d, lost %d, ring intact %s, unclear errors %d, linearizable %s (workload %s, check %s)",
 		p.name, r.ops, counts[verbAdd], counts[verbDel], counts[verbRelease], counts["failed"], counts["code 11"], counts["code 102"], counts["killed"],
-		r.kills, r.leaderChanges, leaderKills, r.partitions, r.driverRestarts, r.midRequest,
+		r.kills, r.leaderChanges, r.leaderKills, r.partitions, r.driverRestarts, r.midRequest,
 		r.duplicates, r.leaks, r.lost, yesNo(r.ringIntact), r.unclear, r.linearizable,
-		workload.Round(time.Second), linTook.Round(time.Millisecond))
-	fmt.Println(r.line)
-	t.Log(r.line)
-	return r
+		r.workload.Round(time.Second), linTook.Round(time.Millisecond))
 }
 
 // saveHistory writes the calls and the final reading as JSON, for a
