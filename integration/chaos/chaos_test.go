@@ -101,6 +101,10 @@ func TestChaos(t *testing.T) {
 func TestChaosCatchesBrokenAllocator(t *testing.T) {
 	p := shortProfile(brokenBin)
 	p.name = "broken"
+	// Three times the calls: it loses a race only every hundred calls or
+	// so (2 to 8 duplicates in runs of 500), and a run that happened to
+	// lose none would be a false alarm here.
+	p.ops *= 3
 	p.linTimeout = 10 * time.Second // refuting a history can take porcupine long; the duplicates are the point here
 	r := runSuite(t, p)
 	if r.duplicates == 0 {
@@ -424,7 +428,7 @@ func runSuite(t *testing.T, p profile) result {
 	// What the store holds after the run, before GC: the history's end.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	final := readHoldings(t, ctx, checker, network, poolName)
+	final := readStore(t, ctx, checker, network, poolName)
 
 	for _, a := range agents {
 		if err := a.send("gc"); err != nil {
@@ -441,7 +445,7 @@ func runSuite(t *testing.T, p profile) result {
 		}
 		a.mu.Unlock()
 	}
-	after := readHoldings(t, ctx, checker, network, poolName)
+	after := readStore(t, ctx, checker, network, poolName)
 
 	f.mu.Lock()
 	for _, e := range f.errs {
@@ -460,7 +464,7 @@ func runSuite(t *testing.T, p profile) result {
 // store before (final) and after GC, the attachments and endpoints still
 // live. It fills in r, with its summary line.
 func judge(t *testing.T, ctx context.Context, r *result, p profile, run string, checker *pool.Allocator, poolName string,
-	calls []call, final, after, live holdings) {
+	calls []call, final, after reading, live holdings) {
 	sort.SliceStable(calls, func(i, j int) bool { return calls[i].Call < calls[j].Call })
 	r.ops = len(calls)
 
@@ -470,14 +474,14 @@ func judge(t *testing.T, ctx context.Context, r *result, p profile, run string, 
 	}
 	r.duplicates = distinctDuplicates(dups)
 
-	for o, a := range after {
+	for o, a := range after.owners {
 		if _, ok := live[o]; !ok {
 			r.leaks++
 			t.Logf("leak: %s holds %s after GC but is no live attachment", o, a)
 		}
 	}
 	for o, a := range live {
-		if got, ok := after[o]; !ok || got != a {
+		if got, ok := after.owners[o]; !ok || got != a {
 			r.lost++
 			t.Logf("lost: live %s was given %s but holds %v", o, a, got)
 		}
@@ -522,7 +526,7 @@ func judge(t *testing.T, ctx context.Context, r *result, p profile, run string, 
 	var model porcupine.Model
 	var info porcupine.LinearizationInfo
 	var spanning []string
-	r.linearizable, spanning, model, info = linearizable(poolAddrs(), calls, final, p.linTimeout)
+	r.linearizable, spanning, model, info = linearizable(poolAddrs(), calls, final.owners, p.linTimeout)
 	linTook := time.Since(linStart)
 	for _, s := range spanning {
 		t.Logf("linearizability: %s", s)
@@ -534,7 +538,7 @@ func judge(t *testing.T, ctx context.Context, r *result, p profile, run string, 
 		}
 	}
 	if r.linearizable != "yes" || *keep {
-		saveHistory(t, filepath.Join(os.TempDir(), fmt.Sprintf("ringipam-chaos-%s-%s.json", p.name, run)), calls, final)
+		saveHistory(t, filepath.Join(os.TempDir(), fmt.Sprintf("ringipam-chaos-%s-%s.json", p.name, run)), calls, final.owners)
 	}
 
 	r.line = fmt.Sprintf("chaos %s: operations %d (ADD %d, DEL %d, Docker release %d; failed %d: code 11 %d, code 102 %d, killed %d), "+
@@ -570,11 +574,11 @@ func yesNo(b bool) string {
 	return "no"
 }
 
-// readHoldings reads every allocation of the pool, CNI and Docker owners,
-// as the model names them.
-func readHoldings(t *testing.T, ctx context.Context, a *pool.Allocator, network, poolName string) holdings {
+// readStore reads every allocation of the pool, CNI and Docker owners, as
+// the model names them, and the owner each address's key names.
+func readStore(t *testing.T, ctx context.Context, a *pool.Allocator, network, poolName string) reading {
 	t.Helper()
-	out := holdings{}
+	r := reading{owners: holdings{}, keys: map[netip.Addr]string{}}
 	for _, f := range []pool.Filter{{Kind: pool.KindCNI, Network: network}, {Kind: pool.KindDocker, Network: poolName}} {
 		allocs, err := a.List(ctx, f)
 		if err != nil {
@@ -586,8 +590,17 @@ func readHoldings(t *testing.T, ctx context.Context, a *pool.Allocator, network,
 				t.Errorf("%s holds nothing in pool %s: %+v", al.Owner, poolName, al)
 				continue
 			}
-			out[string(f.Kind)+"/"+al.Owner.ContainerID] = addr
+			r.owners[string(f.Kind)+"/"+al.Owner.ContainerID] = addr
 		}
 	}
-	return out
+	for _, addr := range poolAddrs() {
+		al, held, err := a.HolderOf(ctx, poolName, addr)
+		if err != nil {
+			t.Fatalf("holder of %s: %v", addr, err)
+		}
+		if held {
+			r.keys[addr] = string(al.Owner.Kind) + "/" + al.Owner.ContainerID
+		}
+	}
+	return r
 }

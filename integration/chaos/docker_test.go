@@ -177,13 +177,23 @@ func (w *dockerWorkers) request(client int, mac string) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-// release releases mac's address until the driver says it did (bounded).
+// release gives mac's address a back until the driver says it did
+// (bounded). A release whose outcome is unknown is never simply sent again:
+// ReleaseAddress names an address, not the endpoint, and by then the
+// address may be another endpoint's. The worker first asks for the MAC's
+// address again (a replay, answered definitely: the address it still
+// holds, or a new one if the release took effect) and releases that.
 func (w *dockerWorkers) release(client int, mac string, a netip.Addr) {
 	for i := range 10 {
 		if w.do(client, verbRelease, mac, a).Outcome == outOK {
 			return
 		}
 		time.Sleep(time.Duration(i+1) * 100 * time.Millisecond)
+		got, ok := w.request(client, mac)
+		if !ok {
+			return // it holds nothing (or the driver never answered: a leak the checks report)
+		}
+		a = got
 	}
 }
 

@@ -461,19 +461,35 @@ func duplicatesSeen(calls []call) []duplicate {
 	return out
 }
 
+// reading is what the suite read of the store at one moment: who holds
+// what according to the owner records, and which owner each address's own
+// key names (nil when not read).
+type reading struct {
+	owners holdings
+	keys   map[netip.Addr]string
+}
+
 // storeDuplicates finds the addresses two owners hold in any of the
-// readings of the store.
-func storeDuplicates(readings ...holdings) []duplicate {
+// readings: listed by two owner records, or listed by one owner's record
+// while the address's key names another.
+func storeDuplicates(readings ...reading) []duplicate {
 	var out []duplicate
-	for i, h := range readings {
+	for i, r := range readings {
 		by := map[netip.Addr][]string{}
-		for o, a := range h {
+		for o, a := range r.owners {
 			by[a] = append(by[a], o)
 		}
 		for a, owners := range by {
 			slices.Sort(owners)
 			for j := 1; j < len(owners); j++ {
-				out = append(out, newDuplicate(a, owners[0], owners[j], fmt.Sprintf("store reading %d", i)))
+				out = append(out, newDuplicate(a, owners[0], owners[j], fmt.Sprintf("store reading %d: two owner records", i)))
+			}
+			if k := r.keys[a]; k != "" {
+				for _, o := range owners {
+					if o != k {
+						out = append(out, newDuplicate(a, o, k, fmt.Sprintf("store reading %d: %s's record lists it, its key names %s", i, o, k)))
+					}
+				}
 			}
 		}
 	}

@@ -61,9 +61,20 @@ func TestPoolModelVerdicts(t *testing.T) {
 			if d := duplicatesSeen(tc.calls); len(d) != tc.dups && tc.name != "the store shows two owners" {
 				t.Errorf("duplicates seen: %v, want %d", d, tc.dups)
 			}
-			if tc.name == "the store shows two owners" && len(storeDuplicates(tc.final)) != 1 {
-				t.Errorf("store duplicates: %v, want one", storeDuplicates(tc.final))
+			if tc.name == "the store shows two owners" && len(storeDuplicates(reading{owners: tc.final})) != 1 {
+				t.Errorf("store duplicates: %v, want one", storeDuplicates(reading{owners: tc.final}))
 			}
 		})
+	}
+}
+
+// An address whose key names another owner than the record that lists it
+// is a duplicate too; a key that agrees is not.
+func TestStoreDuplicatesByKey(t *testing.T) {
+	a, b := mustAddr("198.19.0.2"), mustAddr("198.19.0.3")
+	r := reading{owners: holdings{"cni/x": a, "cni/y": b}, keys: map[netip.Addr]string{a: "cni/z", b: "cni/y"}}
+	d := storeDuplicates(r)
+	if len(d) != 1 || d[0].addr != a || d[0].owners != [2]string{"cni/x", "cni/z"} {
+		t.Errorf("duplicates %v, want %s held by cni/x and cni/z", d, a)
 	}
 }
