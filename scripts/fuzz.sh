@@ -24,6 +24,10 @@ for pkg in pkg/portalloc; do
 		TARGETS+=("$pkg:$t")
 	done
 done
+# FUZZ_ONLY="pkg:Target ..." runs just those.
+if [[ -n ${FUZZ_ONLY:-} ]]; then
+	read -r -a TARGETS <<<"$FUZZ_ONLY"
+fi
 for entry in "${TARGETS[@]}"; do
 	pkg=${entry%%:*}
 	target=${entry##*:}
@@ -33,9 +37,11 @@ for entry in "${TARGETS[@]}"; do
 	dst="$pkg/testdata/fuzz/$target"
 	if [[ -d $src ]]; then
 		mkdir -p "$dst"
-		# the newest interesting inputs, by name so reruns are stable
-		find "$src" -type f -printf '%T@ %p\n' | sort -rn | head -n "$KEEP" | cut -d' ' -f2- |
-			while read -r f; do cp -n "$f" "$dst/"; done
+		# the newest interesting inputs; the pipeline ends early on purpose
+		mapfile -t newest < <(ls -t "$src" | head -n "$KEEP" || true)
+		for f in "${newest[@]}"; do
+			[[ -e "$dst/$f" ]] || cp "$src/$f" "$dst/$f"
+		done
 	fi
 done
 echo "fuzz: all targets ran $FUZZTIME without a finding"

@@ -16,6 +16,7 @@
 package cnitest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -241,4 +242,28 @@ func Inspect(t testing.TB, obj map[string]any, host string, fn func(a *pool.Allo
 		t.Fatal(err)
 	}
 	fn(a)
+}
+
+// Exec runs the ipam-ring binary once for command, as a runtime would,
+// with stdin and CNI_CONTAINERID containerID, and returns its stdout; on
+// failure the error carries stdout (the CNI error JSON) and stderr.
+func Exec(command, containerID string, stdin []byte) ([]byte, error) {
+	out, _, err := ExecFull(command, containerID, stdin)
+	return out, err
+}
+
+// ExecFull is Exec that also returns what the plugin wrote on stderr.
+func ExecFull(command, containerID string, stdin []byte) (stdout, stderr []byte, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), OpTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, IPAMBin)
+	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + containerID, "CNI_NETNS=/var/run/netns/unused",
+		"CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(IPAMBin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin = bytes.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return out.Bytes(), errb.Bytes(), fmt.Errorf("ipam-ring %s %s: %v: %s %s", command, containerID, err, out.Bytes(), errb.Bytes())
+	}
+	return out.Bytes(), errb.Bytes(), nil
 }

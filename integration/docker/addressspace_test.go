@@ -3,13 +3,8 @@
 package docker
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
-	"fmt"
 	"net/netip"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -17,23 +12,6 @@ import (
 	"github.com/ringipam/ringipam/integration/netns"
 	"github.com/ringipam/ringipam/internal/testenv"
 )
-
-// cniRun runs the real ipam-ring binary for one verb and returns its stdout,
-// or an error carrying the CNI error JSON it printed.
-func cniRun(conf []byte, command, containerID string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, cnitest.IPAMBin)
-	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + containerID, "CNI_NETNS=/var/run/netns/unused",
-		"CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(cnitest.IPAMBin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Stdin = bytes.NewReader(conf)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.Bytes(), fmt.Errorf("ipam-ring %s %s: %v: %s %s", command, containerID, err, stdout.Bytes(), stderr.Bytes())
-	}
-	return stdout.Bytes(), nil
-}
 
 func cniConf(t *testing.T, version, network, host string, pools []string, subnet netip.Prefix, st storeSpec, extra map[string]any) []byte {
 	t.Helper()
@@ -89,12 +67,12 @@ func TestFrontEndsShareOneAddressSpace(t *testing.T) {
 		gw := gateway(t, d, names[0], "dnet")
 		dock := addrs(t, d, "dnet", subnet, gw, names)
 		conf := cniConf(t, "1.1.0", "shared", "dockerhost", []string{"shared"}, subnet, st, nil)
-		if _, err := cniRun(conf, "ADD", "cni-stale"); err != nil {
+		if _, err := cnitest.Exec("ADD", "cni-stale", conf); err != nil {
 			t.Fatal(err)
 		}
 		gcConf := cniConf(t, "1.1.0", "shared", "dockerhost", []string{"shared"}, subnet, st,
 			map[string]any{"cni.dev/valid-attachments": []any{}})
-		if _, err := cniRun(gcConf, "GC", ""); err != nil {
+		if _, err := cnitest.Exec("GC", "", gcConf); err != nil {
 			t.Fatal(err)
 		}
 		if h := keys(held(t, s, "shared", "dockerhost")); !mapsEqual(h, keys(dock)) {
@@ -109,7 +87,7 @@ func TestFrontEndsShareOneAddressSpace(t *testing.T) {
 	t.Run("a Docker network and a CNI network on one subnet without a shared pool name", func(t *testing.T) {
 		subnet := netip.MustParsePrefix("198.18.111.0/24")
 		d.must("network", "create", "--ipam-driver", drv.name, "--subnet", subnet.String(), "dfirst")
-		out, err := cniRun(cniConf(t, "1.0.0", "cnisecond", "cnihost", nil, subnet, st, nil), "ADD", "c1")
+		out, err := cnitest.Exec("ADD", "c1", cniConf(t, "1.0.0", "cnisecond", "cnihost", nil, subnet, st, nil))
 		if err == nil {
 			t.Fatal("CNI ADD on a subnet a Docker network holds under another pool name succeeded")
 		}
@@ -126,7 +104,7 @@ func TestFrontEndsShareOneAddressSpace(t *testing.T) {
 
 	t.Run("a CNI network first, then a Docker network on its subnet", func(t *testing.T) {
 		subnet := netip.MustParsePrefix("198.18.112.0/24")
-		if _, err := cniRun(cniConf(t, "1.0.0", "cnifirst", "cnihost", nil, subnet, st, nil), "ADD", "c1"); err != nil {
+		if _, err := cnitest.Exec("ADD", "c1", cniConf(t, "1.0.0", "cnifirst", "cnihost", nil, subnet, st, nil)); err != nil {
 			t.Fatal(err)
 		}
 		out, err := d.docker("network", "create", "--ipam-driver", drv.name, "--subnet", subnet.String(), "dsecond")

@@ -532,16 +532,9 @@ func keys[K comparable, V any](m map[K]V) map[K]bool {
 // main plugin would, and returns the address and gateway it handed out.
 // A plugin error comes back as an error holding the CNI error JSON.
 func cniAdd(conf []byte, containerID string) (addr, gw netip.Addr, err error) {
-	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, cnitest.IPAMBin)
-	cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=" + containerID, "CNI_NETNS=/var/run/netns/unused",
-		"CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(cnitest.IPAMBin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Stdin = bytes.NewReader(conf)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return netip.Addr{}, netip.Addr{}, fmt.Errorf("ipam-ring ADD %s: %v: %s %s", containerID, err, stdout.Bytes(), stderr.Bytes())
+	out, err := cnitest.Exec("ADD", containerID, conf)
+	if err != nil {
+		return netip.Addr{}, netip.Addr{}, err
 	}
 	var res struct {
 		IPs []struct {
@@ -549,8 +542,8 @@ func cniAdd(conf []byte, containerID string) (addr, gw netip.Addr, err error) {
 			Gateway string `json:"gateway"`
 		} `json:"ips"`
 	}
-	if err := json.Unmarshal(stdout.Bytes(), &res); err != nil || len(res.IPs) != 1 {
-		return netip.Addr{}, netip.Addr{}, fmt.Errorf("ipam-ring ADD %s: result %s: %v", containerID, stdout.Bytes(), err)
+	if err := json.Unmarshal(out, &res); err != nil || len(res.IPs) != 1 {
+		return netip.Addr{}, netip.Addr{}, fmt.Errorf("ipam-ring ADD %s: result %s: %v", containerID, out, err)
 	}
 	p, err := netip.ParsePrefix(res.IPs[0].Address)
 	if err != nil {

@@ -43,16 +43,8 @@ type result struct {
 // plugin runs ipam-ring once with the CNI variables and stdin.
 func plugin(t *testing.T, command, containerID string, stdin []byte) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), cnitest.OpTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, cnitest.IPAMBin)
-	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + containerID, "CNI_NETNS=/var/run/netns/unused",
-		"CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(cnitest.IPAMBin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd.Stdin = bytes.NewReader(stdin)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
-	return result{stdout: out.Bytes(), stderr: errb.Bytes(), err: err}
+	out, errOut, err := cnitest.ExecFull(command, containerID, stdin)
+	return result{stdout: out, stderr: errOut, err: err}
 }
 
 func cniCode(t *testing.T, r result) (uint, string) {

@@ -1,12 +1,12 @@
 package pool
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -16,11 +16,14 @@ import (
 // History: every commit that allocates, releases, holds or reclaims an
 // address also writes one event key for it,
 //
-//	y/<pool>/<hex address>/<hex unix nanoseconds>
+//	y/<pool>/<hex address>/<slot>
 //
 // a blind put in the same transaction (no extra read, one more operation),
-// so "who had this address, and when" survives the owners. CompactHistory
-// bounds it: at most keep events per address, none older than maxAge.
+// so "who had this address, and when" survives the owners. The slot is one
+// of historySlots, picked from the event's time, so the history of an
+// address is bounded without any read: the newest event is always there,
+// older ones until a later event lands on their slot. CompactHistory trims
+// further: at most keep events per address, none older than maxAge.
 
 // Event is one change of an address's holder.
 type Event struct {
@@ -42,10 +45,13 @@ const (
 
 // historyOp is the put that records ev for addr of pool.
 func historyOp(pool string, addr netip.Addr, ev Event) store.Op {
-	key := historyPrefix(pool, toU128(addr), addr.Is4()) + fmt.Sprintf("%016x", uint64(ev.Time.UnixNano()))
+	key := historyPrefix(pool, toU128(addr), addr.Is4()) + fmt.Sprintf("%02d", uint64(ev.Time.UnixMicro())%historySlots)
 	b, _ := json.Marshal(ev)
 	return store.Put(key, b)
 }
+
+// historySlots bounds the events kept per address.
+const historySlots = 16
 
 // History returns the recorded events of addr in pool, oldest first.
 func (a *Allocator) History(ctx context.Context, pool string, addr netip.Addr) ([]Event, error) {
@@ -74,6 +80,7 @@ func (a *Allocator) History(ctx context.Context, pool string, addr netip.Addr) (
 		ev.Addr = addr
 		out = append(out, ev)
 	}
+	slices.SortStableFunc(out, func(a, b Event) int { return a.Time.Compare(b.Time) })
 	return out, nil
 }
 
@@ -95,18 +102,25 @@ func (a *Allocator) CompactHistory(ctx context.Context, keep int, maxAge time.Du
 	if maxAge > 0 {
 		cutoff = a.now().Add(-maxAge).UnixNano()
 	}
-	byAddr := map[string][]string{}
+	type ev struct {
+		key string
+		t   int64
+	}
+	byAddr := map[string][]ev{}
 	for _, kv := range kvs {
+		var e Event
+		if err := json.Unmarshal(kv.Value, &e); err != nil {
+			continue
+		}
 		i := strings.LastIndexByte(kv.Key, '/')
-		byAddr[kv.Key[:i]] = append(byAddr[kv.Key[:i]], kv.Key)
+		byAddr[kv.Key[:i]] = append(byAddr[kv.Key[:i]], ev{kv.Key, e.Time.UnixNano()})
 	}
 	var doomed []string
-	for _, keys := range byAddr {
-		slices.Sort(keys)
-		for i, k := range keys {
-			ts, _ := strconv.ParseUint(k[strings.LastIndexByte(k, '/')+1:], 16, 64)
-			if i < len(keys)-keep || int64(ts) < cutoff {
-				doomed = append(doomed, k)
+	for _, evs := range byAddr {
+		slices.SortFunc(evs, func(a, b ev) int { return cmp.Compare(a.t, b.t) })
+		for i, e := range evs {
+			if i < len(evs)-keep || e.t < cutoff {
+				doomed = append(doomed, e.key)
 			}
 		}
 	}

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -22,7 +23,9 @@ func TestHistoryShowsEveryHolder(t *testing.T) {
 		if err := f(); err != nil {
 			t.Fatal(err)
 		}
-		clk.advance(time.Second)
+		// A real clock's microseconds differ between events, which
+		// spreads them over the history slots; this one does too.
+		clk.advance(time.Second + time.Microsecond)
 	}
 	step(func() error { _, err := a.Allocate(ctx, Request{Owner: own("first"), Wants: static}); return err })
 	step(func() error { _, _, err := a.Release(ctx, own("first")); return err })
@@ -57,5 +60,30 @@ func TestHistoryShowsEveryHolder(t *testing.T) {
 	clk.advance(time.Hour)
 	if n, err := a.CompactHistory(ctx, 10, time.Minute); err != nil || n != 2 {
 		t.Fatalf("CompactHistory by age: %d %v", n, err)
+	}
+}
+
+// The history of one address stays bounded however often it changes hands.
+func TestHistoryIsBounded(t *testing.T) {
+	ctx := context.Background()
+	a, _ := New(memory.New(), "h1")
+	if err := a.Define(ctx, v4Def("p", "198.18.6.0/30")); err != nil { // .1, .2
+		t.Fatal(err)
+	}
+	addr := mustAddr("198.18.6.1")
+	for i := range 200 {
+		if _, err := a.Allocate(ctx, Request{Owner: own(fmt.Sprint("c", i)), Wants: []Want{{Pool: "p", Role: RoleIP, Addr: addr}}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := a.Release(ctx, own(fmt.Sprint("c", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	evs, err := a.History(ctx, "p", addr)
+	if err != nil || len(evs) == 0 || len(evs) > historySlots {
+		t.Fatalf("%d events after 400 changes (want 1..%d): %v", len(evs), historySlots, err)
+	}
+	if last := evs[len(evs)-1]; last.What != EventRelease || last.Owner != own("c199").String() {
+		t.Fatalf("newest event %+v, want the last release", last)
 	}
 }

@@ -356,3 +356,35 @@ func (a *Allocator) Endpoints(ctx context.Context, network string) (map[Endpoint
 	}
 	return out, nil
 }
+
+// ReleaseHost releases the ports of every endpoint recorded on host (a host
+// that is gone: see pool.Reclaim), each in its own transaction, and returns
+// how many endpoints this call released. Safe to run from several processes
+// at once: an endpoint released meanwhile is skipped.
+func (a *Allocator) ReleaseHost(ctx context.Context, host string) (int, error) {
+	kvs, err := a.st.Scan(ctx, "p/e/", store.PrefixEnd("p/e/"), 0)
+	if err != nil {
+		return 0, err
+	}
+	released := 0
+	var errs []error
+	for _, kv := range kvs {
+		var e Endpoint
+		if json.Unmarshal(kv.Value, &e) != nil || e.Host != host {
+			continue
+		}
+		parts := strings.SplitN(strings.TrimPrefix(kv.Key, "p/e/"), "/", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		res, err := a.Release(ctx, EndpointID{Network: parts[0], ContainerID: parts[1], IfName: parts[2]})
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if len(res.Changes) > 0 {
+			released++
+		}
+	}
+	return released, errors.Join(errs...)
+}

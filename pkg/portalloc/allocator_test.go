@@ -156,3 +156,29 @@ func TestStoredAllocationsAreRevalidated(t *testing.T) {
 		t.Fatalf("7000 was freed by the inconsistent record: %v", err)
 	}
 }
+
+// A host that is gone gives its ports back; other hosts keep theirs.
+func TestReleaseHost(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	gone, _ := New(st, "gone")
+	live, _ := New(st, "live")
+	for i, a := range []*Allocator{gone, live} {
+		if _, err := a.Allocate(ctx, ep(fmt.Sprint("e", i)), []Port{{Mode: Ingress, Protocol: "tcp", Number: uint16(8000 + i)}, {Mode: Host, Protocol: "udp"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := live.ReleaseHost(ctx, "gone")
+	if err != nil || n != 1 {
+		t.Fatalf("ReleaseHost: %d %v", n, err)
+	}
+	if _, err := live.Allocate(ctx, ep("new"), []Port{{Mode: Ingress, Protocol: "tcp", Number: 8000}}); err != nil {
+		t.Fatalf("8000 after its host was released: %v", err)
+	}
+	if _, ok, _ := live.Lookup(ctx, ep("e1")); !ok {
+		t.Fatal("the live host's endpoint was released")
+	}
+	if n, err := live.ReleaseHost(ctx, "gone"); err != nil || n != 0 {
+		t.Fatalf("second ReleaseHost: %d %v", n, err)
+	}
+}

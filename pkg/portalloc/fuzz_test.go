@@ -1,9 +1,6 @@
 package portalloc
 
-import (
-	"slices"
-	"testing"
-)
+import "testing"
 
 // FuzzPlanAgainstProperties applies a byte-coded sequence of requests
 // (endpoint, host, spec from the full-size model) and checks every step
@@ -19,30 +16,11 @@ func FuzzPlanAgainstProperties(f *testing.F) {
 			id := m.ids[int(ops[i])%len(m.ids)]
 			host := m.hosts[int(ops[i+1])%len(m.hosts)]
 			spec := m.specs[int(ops[i+2])%len(m.specs)]
-			old, exists := w.eps[id]
-			if exists {
+			if old, exists := w.eps[id]; exists {
 				host = old.Host
 			}
-			res, err := Plan(w.addrs, Request{Endpoint: id, Host: host, Old: old, Spec: spec, Lo: m.lo, Hi: m.hi, Start: m.lo, Rules: AllRules})
+			next, _, err := m.step(w, id, host, spec, AllRules)
 			if err != nil {
-				if jerr := m.rejectJustified(w, id, host, spec, err); jerr != nil {
-					t.Fatal(jerr)
-				}
-				continue
-			}
-			if exists && slices.Equal(old.Spec, spec) && !slices.Equal(old.Ports, res.Ports) {
-				t.Fatalf("re-applying %v changed %v -> %v", spec, old.Ports, res.Ports)
-			}
-			next := world{eps: map[string]Endpoint{}, addrs: w.addrs.apply(res.Changes)}
-			for k, v := range w.eps {
-				next.eps[k] = v
-			}
-			if len(spec) == 0 {
-				delete(next.eps, id)
-			} else {
-				next.eps[id] = Endpoint{Host: host, Spec: spec, Ports: res.Ports}
-			}
-			if err := m.allocationsOK(next); err != nil {
 				t.Fatal(err)
 			}
 			w = next

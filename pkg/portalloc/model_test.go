@@ -211,6 +211,41 @@ func (m model) rejectJustified(w world, id, host string, spec []Port, err error)
 	return fmt.Errorf("rejection of %v for %s on %s is not justified: %v", spec, id, host, err)
 }
 
+// step runs one request on w and checks it: a rejection must be
+// justified, re-applying a spec must keep the ports, and the next state
+// must satisfy allocationsOK. It returns the next state (w itself after a
+// rejection) and whether the request was accepted.
+func (m model) step(w world, id, host string, spec []Port, rules Rules) (world, bool, error) {
+	old, exists := w.eps[id]
+	req := Request{Endpoint: id, Host: host, Old: old, Spec: spec, Lo: m.lo, Hi: m.hi, Start: m.lo, Rules: rules}
+	res, err := Plan(w.addrs, req)
+	if err != nil {
+		if !errors.Is(err, ErrInUse) && !errors.Is(err, ErrDuplicate) && !errors.Is(err, ErrExhausted) {
+			return w, false, fmt.Errorf("from %s: %v for %s: unexpected error %v", w.key(), spec, id, err)
+		}
+		if jerr := m.rejectJustified(w, id, host, spec, err); jerr != nil {
+			return w, false, fmt.Errorf("from %s: %w", w.key(), jerr)
+		}
+		return w, false, nil
+	}
+	if exists && slices.Equal(old.Spec, spec) && !slices.Equal(old.Ports, res.Ports) {
+		return w, false, fmt.Errorf("from %s: re-applying %v to %s changed its ports %v -> %v (not idempotent)", w.key(), spec, id, old.Ports, res.Ports)
+	}
+	next := world{eps: map[string]Endpoint{}, addrs: w.addrs.apply(res.Changes)}
+	for k, v := range w.eps {
+		next.eps[k] = v
+	}
+	if len(spec) == 0 {
+		delete(next.eps, id) // removal
+	} else {
+		next.eps[id] = Endpoint{Host: host, Spec: spec, Ports: res.Ports}
+	}
+	if err := m.allocationsOK(next); err != nil {
+		return w, false, fmt.Errorf("from %s applying %v to %s: %w", w.key(), spec, id, err)
+	}
+	return next, true, nil
+}
+
 // check explores every reachable state of the model under rules and
 // returns the first violation, with the number of states visited.
 func (m model) check(rules Rules) (int, error) {
@@ -235,34 +270,12 @@ func (m model) check(rules Rules) (int, error) {
 			}
 			for _, host := range hosts {
 				for _, spec := range m.specs {
-					req := Request{Endpoint: id, Host: host, Old: old, Spec: spec, Lo: m.lo, Hi: m.hi, Start: m.lo, Rules: rules}
-					res, err := Plan(w.addrs, req)
 					plans++
+					next, ok, err := m.step(w, id, host, spec, rules)
 					if err != nil {
-						if !errors.Is(err, ErrInUse) && !errors.Is(err, ErrDuplicate) && !errors.Is(err, ErrExhausted) {
-							return len(seen), fmt.Errorf("from %s: %v for %s: unexpected error %v", w.key(), spec, id, err)
-						}
-						if jerr := m.rejectJustified(w, id, host, spec, err); jerr != nil {
-							return len(seen), fmt.Errorf("from %s: %w", w.key(), jerr)
-						}
-						continue
+						return len(seen), err
 					}
-					if exists && slices.Equal(old.Spec, spec) && !slices.Equal(old.Ports, res.Ports) {
-						return len(seen), fmt.Errorf("from %s: re-applying %v to %s changed its ports %v -> %v (not idempotent)", w.key(), spec, id, old.Ports, res.Ports)
-					}
-					next := world{eps: map[string]Endpoint{}, addrs: w.addrs.apply(res.Changes)}
-					for k, v := range w.eps {
-						next.eps[k] = v
-					}
-					if len(spec) == 0 && exists {
-						delete(next.eps, id) // removal
-					} else {
-						next.eps[id] = Endpoint{Host: host, Spec: spec, Ports: res.Ports}
-					}
-					if err := m.allocationsOK(next); err != nil {
-						return len(seen), fmt.Errorf("from %s applying %v to %s: %w", w.key(), spec, id, err)
-					}
-					if k := next.key(); !seen[k] {
+					if k := next.key(); ok && !seen[k] {
 						seen[k] = true
 						queue = append(queue, next)
 					}
@@ -332,27 +345,9 @@ func TestRandomWalkPorts(t *testing.T) {
 		if exists && rng.IntN(4) == 0 {
 			spec = old.Spec // re-apply: must be idempotent
 		}
-		res, err := Plan(w.addrs, Request{Endpoint: id, Host: host, Old: old, Spec: spec, Lo: m.lo, Hi: m.hi, Start: m.lo, Rules: AllRules})
+		next, _, err := m.step(w, id, host, spec, AllRules)
 		if err != nil {
-			if jerr := m.rejectJustified(w, id, host, spec, err); jerr != nil {
-				t.Fatalf("step %d from %s: %v", step, w.key(), jerr)
-			}
-			continue
-		}
-		if exists && slices.Equal(old.Spec, spec) && !slices.Equal(old.Ports, res.Ports) {
-			t.Fatalf("step %d: re-applying %v changed %v -> %v", step, spec, old.Ports, res.Ports)
-		}
-		next := world{eps: map[string]Endpoint{}, addrs: w.addrs.apply(res.Changes)}
-		for k, v := range w.eps {
-			next.eps[k] = v
-		}
-		if len(spec) == 0 {
-			delete(next.eps, id)
-		} else {
-			next.eps[id] = Endpoint{Host: host, Spec: spec, Ports: res.Ports}
-		}
-		if err := m.allocationsOK(next); err != nil {
-			t.Fatalf("step %d from %s applying %v to %s: %v", step, w.key(), spec, id, err)
+			t.Fatalf("step %d: %v", step, err)
 		}
 		w = next
 	}

@@ -12,7 +12,10 @@
 // Durations are Go duration strings ("1.5s", "300ms") or integer seconds.
 // An empty type means "local". Validate reports every problem of a Config
 // at once, as one error; Open validates, applies the backends' defaults and
-// returns the store. Config values are plain data: copy them freely; the
+// returns the store (an etcd store speaks etcd's JSON gateway, package
+// etcdjson, so that no user of this package links the gRPC client; long-
+// running components that need leases or watches use package etcd
+// directly). Config values are plain data: copy them freely; the
 // zero value is a valid local store at the default path.
 package storeconfig
 
@@ -28,7 +31,7 @@ import (
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/store"
-	"github.com/ringipam/ringipam/pkg/store/etcd"
+	"github.com/ringipam/ringipam/pkg/store/etcdjson"
 	"github.com/ringipam/ringipam/pkg/store/local"
 )
 
@@ -219,7 +222,7 @@ func Open(c Config) (store.Store, error) {
 	}
 	switch c.Type {
 	case TypeEtcd:
-		cfg := etcd.Config{
+		cfg := etcdjson.Config{
 			Endpoints:      c.Endpoints,
 			Prefix:         c.Prefix,
 			Username:       c.Username,
@@ -228,9 +231,9 @@ func Open(c Config) (store.Store, error) {
 			RequestTimeout: time.Duration(c.RequestTimeout),
 		}
 		if c.TLS != nil {
-			cfg.TLS = &etcd.TLS{CAFile: c.TLS.CA, CertFile: c.TLS.Cert, KeyFile: c.TLS.Key}
+			cfg.TLS = &etcdjson.TLS{CAFile: c.TLS.CA, CertFile: c.TLS.Cert, KeyFile: c.TLS.Key}
 		}
-		return etcd.New(cfg)
+		return etcdjson.New(cfg)
 	default:
 		return local.New(local.Config{Path: c.Path, OpenTimeout: time.Duration(c.OpenTimeout), Prefix: c.Prefix})
 	}
@@ -242,7 +245,7 @@ func (c Config) Describe() string {
 	if c.Type == TypeEtcd {
 		p := c.Prefix
 		if p == "" {
-			p = etcd.DefaultPrefix
+			p = etcdjson.DefaultPrefix
 		}
 		return fmt.Sprintf("etcd %s prefix %s", strings.Join(c.Endpoints, ","), p)
 	}

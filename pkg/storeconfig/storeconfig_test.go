@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,7 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ringipam/ringipam/pkg/store"
-	"github.com/ringipam/ringipam/pkg/store/etcd"
+	"github.com/ringipam/ringipam/pkg/store/etcdjson"
 	"github.com/ringipam/ringipam/pkg/store/local"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
@@ -125,7 +126,7 @@ func TestOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if es, ok := e.(*etcd.Store); !ok || es.Prefix() != etcd.DefaultPrefix {
+	if es, ok := e.(*etcdjson.Store); !ok || es.Prefix() != etcdjson.DefaultPrefix {
 		t.Fatalf("Open(etcd) = %T", e)
 	}
 	if err := store.Ping(ctx, e); !errors.Is(err, store.ErrUnavailable) {
@@ -169,4 +170,23 @@ func FuzzDuration(f *testing.F) {
 			t.Fatalf("%s -> %v -> %s -> %v, %v", s, d, b, back, err)
 		}
 	})
+}
+
+// The plugins start once per container: they must not link (and initialise
+// on every invocation) the gRPC etcd client, its protobuf registries and
+// its logger. Everything reaching storeconfig stays free of them.
+func TestPluginsDoNotLinkTheGRPCClient(t *testing.T) {
+	for _, pkg := range []string{"../../plugins/ipam-ring", "../../plugins/portmap-ingress"} {
+		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		for _, dep := range strings.Fields(string(out)) {
+			for _, heavy := range []string{"google.golang.org/grpc", "go.etcd.io/etcd/client", "go.etcd.io/etcd/api", "go.uber.org/zap", "google.golang.org/protobuf"} {
+				if dep == heavy || strings.HasPrefix(dep, heavy+"/") {
+					t.Errorf("%s links %s", pkg, dep)
+				}
+			}
+		}
+	}
 }

@@ -209,10 +209,17 @@ func TestTLSStoreConfig(t *testing.T) {
 	if err != nil || string(kvs[0].Value) != "v" || !kvs[0].Exists() {
 		t.Fatalf("Get: %+v, %v", kvs, err)
 	}
-	// The key is under the configured prefix on the server.
-	es := s.(*etcd.Store)
-	resp, err := es.Client().Get(ctx, "/cfg/k")
-	if err != nil || len(resp.Kvs) != 1 {
+	// The key is under the configured prefix on the server, as this
+	// package's gRPC client sees it (storeconfig opens the JSON gateway
+	// store: both speak one layout).
+	grpcStore, err := etcd.New(etcd.Config{Endpoints: srv.Endpoints(), Prefix: "/", RequestTimeout: 30 * time.Second,
+		TLS: &etcd.TLS{CAFile: files.CA, CertFile: files.Cert, KeyFile: files.Key}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer grpcStore.Close()
+	resp, err := grpcStore.Client().Get(ctx, "/cfg/k")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v" || resp.Kvs[0].ModRevision != kvs[0].Revision {
 		t.Fatalf("raw /cfg/k: %+v, %v", resp, err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
@@ -50,6 +51,10 @@ var mutants = map[string]struct {
 	"ignores conditions": {
 		func() store.Store {
 			return mutant{Store: memory.New(), commit: func(m *memory.Store, ctx context.Context, _ []store.Cond, ops []store.Op) error {
+				// As slow as a real round trip, so that concurrent
+				// read-modify-writes overlap whatever the machine's load
+				// (on an idle fast path they may happen not to).
+				time.Sleep(200 * time.Microsecond)
 				return m.Commit(ctx, nil, ops)
 			}}
 		},

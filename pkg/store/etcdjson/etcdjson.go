@@ -1,0 +1,399 @@
+// Package etcdjson is the etcd v3 store.Store spoken through etcd's JSON
+// gateway (HTTP/JSON on the client URL: /v3/kv/range, /v3/kv/txn), with
+// net/http and encoding/json only. It exists so that short-lived plugin
+// processes do not link (and initialise, on every invocation) the gRPC
+// client, its protobuf registries and its logger: see docs/benchmarks.md.
+//
+// Contract: the same as package etcd (one store contract suite runs on
+// both): keys under Config.Prefix (default "/ringipam/"); Get reads all keys
+// in one transaction at one revision; Scan is a sorted range read paged at
+// one revision; Commit is one transaction whose conditions are
+// Version(k) = 0 for "absent" and ModRevision(k) = rev otherwise, a failed
+// condition writing nothing and returning an error wrapping
+// store.ErrConflict. Every call runs under RequestTimeout (or the caller's
+// earlier deadline); an unreachable cluster or a timeout wraps
+// store.ErrUnavailable and names the endpoints (and a TLS failure says so:
+// net/http reports certificate errors as they are); oversized transactions
+// wrap store.ErrTooLarge. Endpoints are tried in order, the next one when
+// one cannot be reached. With Username set it authenticates once per Store
+// and sends the token. Safe for concurrent use.
+package etcdjson
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// Defaults applied by New to zero Config fields.
+const (
+	DefaultPrefix         = "/ringipam/"
+	DefaultDialTimeout    = 5 * time.Second
+	DefaultRequestTimeout = 10 * time.Second
+)
+
+// TLS names the PEM files of a TLS client.
+type TLS struct{ CAFile, CertFile, KeyFile string }
+
+// Config describes a cluster.
+type Config struct {
+	Endpoints      []string // http://host:port or https://host:port
+	Prefix         string
+	TLS            *TLS
+	Username       string
+	Password       string
+	DialTimeout    time.Duration
+	RequestTimeout time.Duration
+}
+
+// Store is the gateway client. Build it with New.
+type Store struct {
+	cfg       Config
+	client    *http.Client
+	endpoints []string
+	mu        sync.Mutex
+	token     string
+}
+
+// New returns a Store; it does not touch the network.
+func New(cfg Config) (*Store, error) {
+	if len(cfg.Endpoints) == 0 {
+		return nil, errors.New("etcd store: no endpoints")
+	}
+	if cfg.Prefix == "" {
+		cfg.Prefix = DefaultPrefix
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = DefaultDialTimeout
+	}
+	if cfg.RequestTimeout == 0 {
+		cfg.RequestTimeout = DefaultRequestTimeout
+	}
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout: cfg.DialTimeout,
+		MaxIdleConnsPerHost: 16,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	var eps []string
+	for _, e := range cfg.Endpoints {
+		if !strings.Contains(e, "://") {
+			scheme := "http://"
+			if cfg.TLS != nil {
+				scheme = "https://"
+			}
+			e = scheme + e
+		}
+		eps = append(eps, strings.TrimSuffix(e, "/"))
+	}
+	if cfg.TLS != nil {
+		tc := &tls.Config{MinVersion: tls.VersionTLS12}
+		if cfg.TLS.CAFile != "" {
+			pem, err := os.ReadFile(cfg.TLS.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("etcd store: tls ca: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("etcd store: tls ca %s holds no PEM certificate", cfg.TLS.CAFile)
+			}
+			tc.RootCAs = pool
+		}
+		if cfg.TLS.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(cfg.TLS.CertFile, cfg.TLS.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("etcd store: tls client certificate: %w", err)
+			}
+			tc.Certificates = []tls.Certificate{cert}
+		}
+		tr.TLSClientConfig = tc
+	}
+	return &Store{cfg: cfg, client: &http.Client{Transport: tr}, endpoints: eps}, nil
+}
+
+// Prefix returns the key prefix in use.
+func (s *Store) Prefix() string { return s.cfg.Prefix }
+
+// Close releases idle connections.
+func (s *Store) Close() error {
+	s.client.CloseIdleConnections()
+	return nil
+}
+
+func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+
+// wire types of the gateway (int64 fields come as strings).
+type kvJSON struct {
+	Key         string `json:"key"`
+	Value       string `json:"value"`
+	ModRevision string `json:"mod_revision"`
+}
+
+type rangeResp struct {
+	Header struct {
+		Revision string `json:"revision"`
+	} `json:"header"`
+	Kvs  []kvJSON `json:"kvs"`
+	More bool     `json:"more"`
+}
+
+type txnResp struct {
+	Header struct {
+		Revision string `json:"revision"`
+	} `json:"header"`
+	Succeeded bool `json:"succeeded"`
+	Responses []struct {
+		ResponseRange *rangeResp `json:"response_range"`
+	} `json:"responses"`
+}
+
+func (s *Store) decodeKV(kv kvJSON) (store.KV, error) {
+	k, err := base64.StdEncoding.DecodeString(kv.Key)
+	if err != nil {
+		return store.KV{}, err
+	}
+	v, err := base64.StdEncoding.DecodeString(kv.Value)
+	if err != nil {
+		return store.KV{}, err
+	}
+	rev, _ := strconv.ParseInt(kv.ModRevision, 10, 64)
+	return store.KV{Key: strings.TrimPrefix(string(k), s.cfg.Prefix), Value: v, Revision: rev}, nil
+}
+
+// gatewayError is an error answer of the gateway.
+type gatewayError struct {
+	Status  int
+	Message string `json:"message"`
+	Code    int    `json:"code"`
+}
+
+func (e *gatewayError) Error() string {
+	return fmt.Sprintf("etcd gateway: HTTP %d: %s", e.Status, e.Message)
+}
+
+// call posts body to path on the first endpoint that answers and decodes
+// the answer into out.
+func (s *Store) call(ctx context.Context, path string, body, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
+	defer cancel()
+	payload, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	if s.cfg.Username != "" && path != "/v3/auth/authenticate" {
+		if err := s.authenticate(ctx); err != nil {
+			return err
+		}
+	}
+	var errs []error
+	for _, ep := range s.endpoints {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep+path, bytes.NewReader(payload))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		s.mu.Lock()
+		if s.token != "" {
+			req.Header.Set("Authorization", s.token)
+		}
+		s.mu.Unlock()
+		resp, err := s.client.Do(req)
+		if err != nil {
+			errs = append(errs, err)
+			if ctx.Err() != nil {
+				break
+			}
+			continue // the next endpoint
+		}
+		data, rerr := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+		resp.Body.Close()
+		if rerr != nil {
+			errs = append(errs, rerr)
+			continue
+		}
+		if resp.StatusCode != http.StatusOK {
+			ge := &gatewayError{Status: resp.StatusCode}
+			_ = json.Unmarshal(data, ge)
+			if ge.Message == "" {
+				ge.Message = strings.TrimSpace(string(data))
+			}
+			return s.classify(ctx, ge)
+		}
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("etcd gateway %s%s: undecodable answer: %w", ep, path, err)
+		}
+		return nil
+	}
+	if errors.Is(ctx.Err(), context.Canceled) {
+		return fmt.Errorf("etcd store %s: %w", strings.Join(s.endpoints, ","), ctx.Err())
+	}
+	return fmt.Errorf("%w: etcd at %s not reachable: %w", store.ErrUnavailable, strings.Join(s.endpoints, ","), errors.Join(errs...))
+}
+
+func (s *Store) classify(ctx context.Context, ge *gatewayError) error {
+	msg := strings.ToLower(ge.Message)
+	switch {
+	case strings.Contains(msg, "too many operations") || strings.Contains(msg, "request is too large"):
+		return fmt.Errorf("%w: etcd store %s: %w", store.ErrTooLarge, strings.Join(s.endpoints, ","), ge)
+	// 14 Unavailable, 4 DeadlineExceeded; a deadline that passed inside the
+	// server comes back as code 2 (Unknown) "context deadline exceeded".
+	case ge.Code == 14 || ge.Code == 4 || strings.Contains(msg, "no leader") || strings.Contains(msg, "timed out") ||
+		strings.Contains(msg, "deadline exceeded") || ge.Status == http.StatusServiceUnavailable || ctx.Err() != nil:
+		return fmt.Errorf("%w: etcd at %s not reachable or without leader: %w", store.ErrUnavailable, strings.Join(s.endpoints, ","), ge)
+	}
+	return fmt.Errorf("etcd store %s: %w", strings.Join(s.endpoints, ","), ge)
+}
+
+func (s *Store) authenticate(ctx context.Context) error {
+	s.mu.Lock()
+	have := s.token != ""
+	s.mu.Unlock()
+	if have {
+		return nil
+	}
+	var out struct {
+		Token string `json:"token"`
+	}
+	if err := s.call(ctx, "/v3/auth/authenticate", map[string]string{"name": s.cfg.Username, "password": s.cfg.Password}, &out); err != nil {
+		return fmt.Errorf("etcd authentication as %s: %w", s.cfg.Username, err)
+	}
+	s.mu.Lock()
+	s.token = out.Token
+	s.mu.Unlock()
+	return nil
+}
+
+// Get implements store.Store: one transaction of range reads.
+func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
+	out, done, err := store.StartGet(ctx, keys)
+	if done {
+		return out, err
+	}
+	var rev string
+	for start := 0; start < len(keys); start += store.MaxOps {
+		end := min(start+store.MaxOps, len(keys))
+		var ops []map[string]any
+		for _, k := range keys[start:end] {
+			r := map[string]any{"key": b64(s.cfg.Prefix + k)}
+			if rev != "" {
+				r["revision"] = rev
+			}
+			ops = append(ops, map[string]any{"request_range": r})
+		}
+		var resp txnResp
+		if err := s.call(ctx, "/v3/kv/txn", map[string]any{"success": ops}, &resp); err != nil {
+			return nil, fmt.Errorf("get: %w", err)
+		}
+		if rev == "" {
+			rev = resp.Header.Revision
+		}
+		for i, r := range resp.Responses {
+			if r.ResponseRange == nil || len(r.ResponseRange.Kvs) == 0 {
+				continue
+			}
+			kv, err := s.decodeKV(r.ResponseRange.Kvs[0])
+			if err != nil {
+				return nil, err
+			}
+			out[start+i].Value, out[start+i].Revision = kv.Value, kv.Revision
+		}
+	}
+	return out, nil
+}
+
+const scanPage = 1000
+
+// Scan implements store.Store: a sorted range read, paged at one revision.
+func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
+	if to <= from {
+		return nil, ctx.Err()
+	}
+	var out []store.KV
+	var rev string
+	key, end := s.cfg.Prefix+from, s.cfg.Prefix+to
+	for {
+		page := scanPage
+		if limit > 0 && limit-len(out) < page {
+			page = limit - len(out)
+		}
+		req := map[string]any{"key": b64(key), "range_end": b64(end), "limit": page, "sort_order": "ASCEND", "sort_target": "KEY"}
+		if rev != "" {
+			req["revision"] = rev
+		}
+		var resp rangeResp
+		if err := s.call(ctx, "/v3/kv/range", req, &resp); err != nil {
+			return nil, fmt.Errorf("scan: %w", err)
+		}
+		if rev == "" {
+			rev = resp.Header.Revision
+		}
+		for _, x := range resp.Kvs {
+			kv, err := s.decodeKV(x)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, kv)
+		}
+		if !resp.More || len(resp.Kvs) == 0 || (limit > 0 && len(out) >= limit) {
+			return out, nil
+		}
+		key = s.cfg.Prefix + out[len(out)-1].Key + "\x00"
+	}
+}
+
+// Commit implements store.Store.
+func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
+	if err := store.CheckCommit(conds, ops); err != nil {
+		return fmt.Errorf("etcd store: %w", err)
+	}
+	var cmps []map[string]any
+	for _, c := range conds {
+		k := b64(s.cfg.Prefix + c.Key)
+		if c.Revision == 0 {
+			cmps = append(cmps, map[string]any{"key": k, "target": "VERSION", "result": "EQUAL", "version": "0"})
+		} else {
+			cmps = append(cmps, map[string]any{"key": k, "target": "MOD", "result": "EQUAL", "mod_revision": strconv.FormatInt(c.Revision, 10)})
+		}
+	}
+	var writes []map[string]any
+	for _, o := range ops {
+		if o.Delete {
+			writes = append(writes, map[string]any{"request_delete_range": map[string]any{"key": b64(s.cfg.Prefix + o.Key)}})
+		} else {
+			writes = append(writes, map[string]any{"request_put": map[string]any{"key": b64(s.cfg.Prefix + o.Key), "value": base64.StdEncoding.EncodeToString(o.Value)}})
+		}
+	}
+	var resp txnResp
+	if err := s.call(ctx, "/v3/kv/txn", map[string]any{"compare": cmps, "success": writes}, &resp); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w (etcd revision %s)", store.ErrConflict, resp.Header.Revision)
+	}
+	return nil
+}
+
+// Ping checks that the cluster answers a linearizable read within the
+// request timeout.
+func (s *Store) Ping(ctx context.Context) error {
+	var resp rangeResp
+	if err := s.call(ctx, "/v3/kv/range", map[string]any{"key": b64(s.cfg.Prefix + "\x00ping")}, &resp); err != nil {
+		return fmt.Errorf("ping: %w", err)
+	}
+	return nil
+}
