@@ -3,6 +3,7 @@ module github.com/ringipam/ringipam
 go 1.26.0
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/containernetworking/cni v1.3.0
 	github.com/containernetworking/plugins v1.9.1
 	github.com/docker/go-plugins-helpers v0.0.0-20240701071450-45e2431495c8

@@ -407,7 +407,11 @@ func (d *Driver) ReleaseAddress(ctx context.Context, req *ipam.ReleaseAddressReq
 	if err != nil {
 		return err
 	}
-	if got, ok := al.Addr(pid.Pool, pool.RoleIP); held && al.Host == d.host && ok && got == a {
+	// Only a Docker endpoint's address on this host is released: a release
+	// that comes late (a replay, a retry after the driver died mid-request)
+	// for an address a CNI container on the same host name holds now must
+	// not free it.
+	if got, ok := al.Addr(pid.Pool, pool.RoleIP); held && al.Owner.Kind == pool.KindDocker && al.Host == d.host && ok && got == a {
 		if _, _, err := d.alloc.Release(ctx, al.Owner); err != nil {
 			return err
 		}
@@ -415,7 +419,7 @@ func (d *Driver) ReleaseAddress(ctx context.Context, req *ipam.ReleaseAddressReq
 		d.log.Info("released", "pool", pid.Pool, "owner", al.Owner.String(), "addr", a)
 		return nil
 	}
-	d.log.Info("release of an address this host does not hold", "pool", pid.Pool, "addr", a)
+	d.log.Info("release of an address no Docker endpoint of this host holds", "pool", pid.Pool, "addr", a)
 	return nil
 }
 

@@ -307,6 +307,46 @@ func TestNamedPoolSharedWithCNI(t *testing.T) {
 	}
 }
 
+// A ReleaseAddress for an address that a CNI container on the same host
+// name holds (a late release: replayed, or retried after the driver died
+// mid-request) leaves the container's address alone.
+func TestReleaseLeavesOtherFrontEndsAlone(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	cni, err := pool.New(st, "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := pool.Def{Name: "shared", Ranges: []pool.Range{{Subnet: netip.MustParsePrefix("198.18.40.0/24"), Gateway: netip.MustParseAddr("198.18.40.1")}}}
+	if err := cni.Define(ctx, def); err != nil {
+		t.Fatal(err)
+	}
+	owner := pool.Owner{Kind: pool.KindCNI, Network: "cninet", ContainerID: "c1", IfName: "eth0"}
+	if _, err := cni.Allocate(ctx, pool.Request{Owner: owner, Wants: []pool.Want{{Pool: "shared", Role: pool.RoleIP, Addr: netip.MustParseAddr("198.18.40.9")}}}); err != nil {
+		t.Fatal(err)
+	}
+	d := newDriver(t, st, "h1")
+	pid, _ := network(t, d, &ipam.RequestPoolRequest{Pool: "198.18.40.0/24", Options: map[string]string{OptPool: "shared"}}, "")
+	if err := d.ReleaseAddress(ctx, &ipam.ReleaseAddressRequest{PoolID: pid, Address: "198.18.40.9"}); err != nil {
+		t.Fatalf("release: %v", err)
+	}
+	if al, ok, err := cni.Lookup(ctx, owner); err != nil || !ok || len(al.Addrs) != 1 {
+		t.Fatalf("the CNI container lost its address to a Docker release: %+v %v %v", al, ok, err)
+	}
+	// The driver's own endpoint is still released by address.
+	got, err := addr(t, d, pid, mac(1), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := strings.Split(got, "/")[0]
+	if err := d.ReleaseAddress(ctx, &ipam.ReleaseAddressRequest{PoolID: pid, Address: a}); err != nil {
+		t.Fatal(err)
+	}
+	if h, held, err := cni.HolderOf(ctx, "shared", netip.MustParseAddr(a)); err != nil || held {
+		t.Fatalf("endpoint's %s still held after release: %+v %v", a, h, err)
+	}
+}
+
 func TestBadRequests(t *testing.T) {
 	ctx := context.Background()
 	d := newDriver(t, memory.New(), "h1")

@@ -7,6 +7,10 @@
 // parallel and repeated runs never collide. The package needs root and the
 // iproute2 "ip" command; RequireRoot skips a test that lacks them.
 //
+// DialContext connects from inside a namespace, and Forward relays a
+// loopback port of the test process to a server that lives only inside
+// one (both end with the test).
+//
 // Safe for concurrent use: each NS is immutable after New.
 package netns
 
@@ -15,9 +19,12 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -135,4 +142,106 @@ func (n *NS) Addrs(t testing.TB, dev string) []string {
 		}
 	}
 	return addrs
+}
+
+// DialContext connects to addr from inside the namespace. The socket
+// belongs to the namespace for its whole life, whichever goroutine uses it
+// afterwards, so the test process can talk to servers that live only in
+// namespaces it made (an etcd cluster on a namespace LAN, say).
+func (n *NS) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := n.Do(func() error {
+		var err error
+		c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// forwardDialTimeout bounds each connection Forward makes into the namespace.
+const forwardDialTimeout = 5 * time.Second
+
+// Forward listens on a free loopback port of the test's own namespace and
+// relays every connection to target ("ip:port") inside n, for clients that
+// take only an address (the etcd store of pkg/store/etcd, say). A target
+// that does not answer closes the accepted connection. The listener and
+// every relayed connection are closed when the test ends. It returns the
+// loopback address ("127.0.0.1:port").
+func (n *NS) Forward(t testing.TB, target string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("forward to %s in %s: %v", target, n.Name, err)
+	}
+	var mu sync.Mutex
+	conns := map[net.Conn]bool{}
+	track := func(c net.Conn, on bool) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		if on && conns == nil {
+			return false // closing
+		}
+		if on {
+			conns[c] = true
+		} else {
+			delete(conns, c)
+		}
+		return true
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for c := range conns {
+			c.Close()
+		}
+		conns = nil
+		mu.Unlock()
+		wg.Wait()
+	})
+	relay := func(in net.Conn) {
+		defer wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), forwardDialTimeout)
+		out, err := n.DialContext(ctx, "tcp", target)
+		cancel()
+		if err != nil || !track(in, true) {
+			in.Close()
+			if out != nil {
+				out.Close()
+			}
+			return
+		}
+		if !track(out, true) {
+			track(in, false)
+			in.Close()
+			out.Close()
+			return
+		}
+		done := make(chan struct{}, 2)
+		pipe := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			done <- struct{}{}
+		}
+		go pipe(out, in)
+		go pipe(in, out)
+		<-done // one side ended: end both
+		in.Close()
+		out.Close()
+		<-done
+		track(in, false)
+		track(out, false)
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go relay(c)
+		}
+	}()
+	return l.Addr().String()
 }

@@ -12,9 +12,18 @@
 // with NewTLSFiles and returns the files a client needs next to the server.
 // Peer traffic stays plain http on loopback.
 //
+// StartEtcdCluster runs a cluster of several members (three by default),
+// each its own /usr/bin/etcd process with its own data directory, on free
+// loopback ports or, with ClusterOptions.Netns, on fixed ports of given
+// addresses inside a network namespace the test made. It waits (with a
+// deadline) until every member is healthy; Leader asks the members' status
+// API which one leads, and each member can be stopped (SIGKILL) and started
+// again on its data.
+//
 // An *Etcd is safe for use by one test goroutine at a time (Stop and Start
 // are not meant to race with each other); the server itself serves any
-// number of clients. If the test binary dies, the kernel kills the server
+// number of clients. An *EtcdCluster's Leader may be called from any
+// goroutine. If the test binary dies, the kernel kills the server
 // too (parent-death signal), so no etcd outlives its test.
 package testenv
 
@@ -44,7 +53,8 @@ const EtcdBinary = "/usr/bin/etcd"
 // startTimeout bounds the wait for a started etcd to become healthy.
 const startTimeout = 60 * time.Second
 
-// Etcd is one running (or stopped) etcd server of a test.
+// Etcd is one running (or stopped) etcd server of a test: a single-member
+// cluster of its own, or a member of an EtcdCluster.
 type Etcd struct {
 	tb      testing.TB
 	dataDir string
@@ -52,12 +62,16 @@ type Etcd struct {
 	client  string // http://127.0.0.1:port, or https:// with TLS
 	peer    string
 	name    string
-	tls     *TLSFiles   // nil: plain http
-	probe   *tls.Config // client side of tls, for the health probe
-	mu      sync.Mutex
-	cmd     *exec.Cmd
-	exited  chan struct{}
-	closed  bool
+	cluster string // --initial-cluster: every member's name=peerURL
+	netns   string // ip netns name the server runs in; "" for the test's own
+	// dial reaches client from the test process (nil: a plain dialer).
+	dial   func(ctx context.Context, network, addr string) (net.Conn, error)
+	tls    *TLSFiles   // nil: plain http
+	probe  *tls.Config // client side of tls, for the health probe
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited chan struct{}
+	closed bool
 }
 
 // StartEtcd starts a fresh single-member etcd for tb and waits until it is
@@ -128,6 +142,7 @@ func startEtcd(tb testing.TB, withTLS bool) *Etcd {
 		}
 		e.client = scheme + "127.0.0.1:" + strconv.Itoa(cp)
 		e.peer = "http://127.0.0.1:" + strconv.Itoa(pp)
+		e.cluster = e.name + "=" + e.peer
 		if err = e.start(); err == nil {
 			return e
 		}
@@ -140,6 +155,9 @@ func startEtcd(tb testing.TB, withTLS bool) *Etcd {
 
 // Endpoints returns the client URLs, for clientv3.Config.Endpoints.
 func (e *Etcd) Endpoints() []string { return []string{e.client} }
+
+// Name returns the member's name in its cluster.
+func (e *Etcd) Name() string { return e.name }
 
 // DataDir returns the server's data directory.
 func (e *Etcd) DataDir() string { return e.dataDir }
@@ -155,16 +173,32 @@ func (e *Etcd) Stop() {
 // it is healthy. It fails the test if it cannot.
 func (e *Etcd) Start() {
 	e.tb.Helper()
+	if err := e.Restart(); err != nil {
+		e.tb.Fatalf("testenv: %v", err)
+	}
+}
+
+// Restart is Start returning its error instead of failing the test, for
+// goroutines other than the test's own (a fault injector).
+func (e *Etcd) Restart() error {
 	e.mu.Lock()
 	running := e.cmd != nil
 	e.mu.Unlock()
 	if running {
-		e.tb.Fatalf("testenv: etcd at %s is already running", e.client)
+		return fmt.Errorf("etcd at %s is already running", e.client)
 	}
 	if err := e.start(); err != nil {
 		e.kill()
-		e.tb.Fatalf("testenv: etcd restart: %v", err)
+		return fmt.Errorf("etcd restart: %w", err)
 	}
+	return nil
+}
+
+// Running reports whether the server process was started and not stopped.
+func (e *Etcd) Running() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.cmd != nil
 }
 
 // Close kills the server for good. It is registered as a cleanup by
@@ -177,15 +211,34 @@ func (e *Etcd) Close() {
 }
 
 func (e *Etcd) start() error {
+	exited, err := e.spawn()
+	if err != nil {
+		return err
+	}
+	return e.waitStarted(exited)
+}
+
+// waitStarted waits until the server spawn started is healthy, and adds the
+// log's tail to the error when it is not.
+func (e *Etcd) waitStarted(exited <-chan struct{}) error {
+	if err := e.waitHealthy(exited); err != nil {
+		return fmt.Errorf("%w\n--- etcd log (%s) ---\n%s", err, e.logPath, tail(e.logPath, 4000))
+	}
+	return nil
+}
+
+// spawn starts the server process and returns a channel closed when it
+// exits; it does not wait for the server to serve.
+func (e *Etcd) spawn() (<-chan struct{}, error) {
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
-		return errors.New("closed")
+		return nil, errors.New("closed")
 	}
 	e.mu.Unlock()
 	logf, err := os.OpenFile(e.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	args := []string{
 		"--name", e.name,
@@ -194,7 +247,7 @@ func (e *Etcd) start() error {
 		"--advertise-client-urls", e.client,
 		"--listen-peer-urls", e.peer,
 		"--initial-advertise-peer-urls", e.peer,
-		"--initial-cluster", e.name + "=" + e.peer,
+		"--initial-cluster", e.cluster,
 		"--initial-cluster-state", "new",
 		"--initial-cluster-token", "ringipam-test",
 		"--logger", "zap",
@@ -209,7 +262,13 @@ func (e *Etcd) start() error {
 			"--client-cert-auth",
 		)
 	}
-	cmd := exec.Command(EtcdBinary, args...)
+	argv := append([]string{EtcdBinary}, args...)
+	if e.netns != "" {
+		// ip netns exec execs etcd in place (same pid), so the kill and
+		// the parent-death signal below reach etcd itself.
+		argv = append([]string{"ip", "netns", "exec", e.netns}, argv...)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
 	exited := make(chan struct{})
@@ -230,15 +289,19 @@ func (e *Etcd) start() error {
 		close(exited)
 	}()
 	if err := <-started; err != nil {
-		return fmt.Errorf("start %s: %w", EtcdBinary, err)
+		return nil, fmt.Errorf("start %s: %w", EtcdBinary, err)
 	}
 	e.mu.Lock()
 	e.cmd, e.exited = cmd, exited
 	e.mu.Unlock()
-	if err := e.waitHealthy(exited); err != nil {
-		return fmt.Errorf("%w\n--- etcd log (%s) ---\n%s", err, e.logPath, tail(e.logPath, 4000))
-	}
-	return nil
+	return exited, nil
+}
+
+// httpClient returns a client for the server's client URL: through e.dial,
+// with the test CA when TLS is on. Call CloseIdleConnections when done.
+func (e *Etcd) httpClient(timeout time.Duration) *http.Client {
+	tr := &http.Transport{TLSClientConfig: e.probe, DialContext: e.dial, DisableKeepAlives: true}
+	return &http.Client{Timeout: timeout, Transport: tr}
 }
 
 // waitHealthy polls the client URL's /health until etcd reports a leader,
@@ -246,11 +309,8 @@ func (e *Etcd) start() error {
 func (e *Etcd) waitHealthy(exited <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
 	defer cancel()
-	hc := &http.Client{Timeout: 2 * time.Second}
-	if e.probe != nil {
-		hc.Transport = &http.Transport{TLSClientConfig: e.probe}
-		defer hc.CloseIdleConnections()
-	}
+	hc := e.httpClient(2 * time.Second)
+	defer hc.CloseIdleConnections()
 	backoff := 10 * time.Millisecond
 	var last error
 	for {

@@ -1,0 +1,606 @@
+//go:build integration
+
+package chaos
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/ringipam/ringipam/integration/cnitest"
+	"github.com/ringipam/ringipam/integration/netns"
+	"github.com/ringipam/ringipam/pkg/hostlock"
+	"github.com/ringipam/ringipam/pkg/pool"
+	etcdstore "github.com/ringipam/ringipam/pkg/store/etcd"
+)
+
+var keep = flag.Bool("chaos.keep", false, "save every run's history as JSON in the temp directory (a run that does not check out is always saved)")
+
+var full = flag.Bool("chaos.full", false, "run the full fault suite (10 000 calls, faults in cycles) instead of the short one")
+
+// Binaries TestMain builds besides cnitest.IPAMBin.
+var driverBin, brokenBin string
+
+func TestMain(m *testing.M) {
+	if cfg := os.Getenv(agentEnv); cfg != "" {
+		os.Exit(runAgent(cfg))
+	}
+	os.Exit(cnitest.Main(m, func(ctx context.Context, dir string) error {
+		driverBin = filepath.Join(dir, "ringipam-docker")
+		brokenBin = filepath.Join(dir, "ipam-ring-broken")
+		if err := cnitest.Build(ctx, driverBin, "./docker-driver"); err != nil {
+			return err
+		}
+		return cnitest.Build(ctx, brokenBin, "./integration/chaos/testdata/brokenplugin")
+	}))
+}
+
+// profile is one run's size.
+type profile struct {
+	name          string
+	plugin        string
+	ops           int     // at least this many calls (CNI ADD/DEL and Docker requests)
+	cycles        int     // at least this many fault cycles
+	hosts         int     // CNI hosts
+	workers       int     // per CNI host
+	dockerWorkers int     // on the Docker host
+	killRate      float64 // share of new containers' ADDs SIGKILLed
+	partitionFor  time.Duration
+	workFor       time.Duration // bound on the workload phase
+	linTimeout    time.Duration // bound on the linearizability check
+}
+
+func shortProfile(plugin string) profile {
+	return profile{name: "short", plugin: plugin, ops: 400, cycles: 1, hosts: 4, workers: 8, dockerWorkers: 3,
+		killRate: 0.1, partitionFor: 3 * time.Second, workFor: 2 * time.Minute, linTimeout: time.Minute}
+}
+
+func fullProfile(plugin string) profile {
+	return profile{name: "full", plugin: plugin, ops: 10000, cycles: 1, hosts: 4, workers: 8, dockerWorkers: 3,
+		killRate: 0.05, partitionFor: 4 * time.Second, workFor: 40 * time.Minute, linTimeout: 10 * time.Minute}
+}
+
+// TestChaos runs the fault suite against ipam-ring as built: nothing may
+// be handed out twice, leaked or lost, and the history must be
+// linearizable. -chaos.full runs the full size.
+func TestChaos(t *testing.T) {
+	p := shortProfile(cnitest.IPAMBin)
+	if *full {
+		p = fullProfile(cnitest.IPAMBin)
+	}
+	r := runSuite(t, p)
+	if r.okAdds < r.ops/4 {
+		t.Errorf("only %d of %d calls were successful ADDs: the workload did not run", r.okAdds, r.ops)
+	}
+	if r.duplicates != 0 || r.leaks != 0 || r.lost != 0 || !r.ringIntact || r.unclear != 0 || r.linearizable != "yes" {
+		t.Errorf("the fault suite found problems: %s", r.line)
+	}
+	if r.kills == 0 || r.leaderChanges == 0 || r.partitions == 0 || r.driverRestarts == 0 || r.midRequest == 0 {
+		t.Errorf("a fault did not happen (kills, leader changes, partitions, driver restarts mid-request must all be > 0): %s", r.line)
+	}
+}
+
+// TestChaosCatchesBrokenAllocator runs the same suite against a plugin
+// whose commits drop their revision conditions: it must report duplicates.
+func TestChaosCatchesBrokenAllocator(t *testing.T) {
+	p := shortProfile(brokenBin)
+	p.name = "broken"
+	// Three times the calls: it loses a race only every hundred calls or
+	// so (2 to 8 duplicates in runs of 500), and a run that happened to
+	// lose none would be a false alarm here.
+	p.ops *= 3
+	p.linTimeout = 10 * time.Second // refuting a history can take porcupine long; the duplicates are the point here
+	r := runSuite(t, p)
+	if r.duplicates == 0 {
+		t.Errorf("the suite did not catch the allocator without revision conditions: %s", r.line)
+	}
+}
+
+// result is what a run found; line is its summary.
+type result struct {
+	ops, okAdds, kills                     int
+	leaderChanges, leaderKills             int
+	partitions, driverRestarts, midRequest int
+	duplicates, leaks, lost, unclear       int
+	ringIntact                             bool
+	linearizable                           string
+	workload                               time.Duration
+	line                                   string
+}
+
+// The pool every front end shares: 24 addresses (.2 to .25) for at most 32
+// CNI and 3 Docker endpoints, so hosts run out of their own ranges and claim
+// space from one another all the time, and now and then find the pool full.
+// (The commits that race in those claims are what the broken plugin gets
+// wrong: with a roomier pool it was caught far less reliably.)
+var (
+	subnet    = netip.MustParsePrefix("198.19.0.0/26")
+	rangeFrom = netip.MustParseAddr("198.19.0.2")
+	rangeTo   = netip.MustParseAddr("198.19.0.25")
+)
+
+// poolAddrs lists the addresses the pool hands out.
+func poolAddrs() []netip.Addr {
+	var out []netip.Addr
+	for a := rangeFrom; a.Compare(rangeTo) <= 0; a = a.Next() {
+		out = append(out, a)
+	}
+	return out
+}
+
+// netConf is the CNI network configuration every host uses (the IPAM part
+// as a main plugin would hand it over). host "" leaves the plugin to use
+// the host name.
+func netConf(network, poolName, host, prefix string, endpoints []string) []byte {
+	ipamConf := map[string]any{
+		"type":    "ipam-ring",
+		"ranges":  [][]map[string]string{{{"subnet": subnet.String(), "rangeStart": rangeFrom.String(), "rangeEnd": rangeTo.String()}}},
+		"pools":   []string{poolName},
+		"timeout": "6s",
+		"store": map[string]any{"type": "etcd", "endpoints": endpoints, "prefix": prefix,
+			"dialTimeout": "1s", "requestTimeout": "2s"},
+	}
+	if host != "" {
+		ipamConf["host"] = host
+	}
+	b, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": network, "type": "bridge", "ipam": ipamConf})
+	return b
+}
+
+// history collects the calls of every worker of the run.
+type history struct {
+	mu    sync.Mutex
+	calls []call
+}
+
+func (h *history) add(c call) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls = append(h.calls, c)
+}
+
+// snapshot returns a copy of the calls so far.
+func (h *history) snapshot() []call {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.calls)
+}
+
+func (h *history) len() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.calls)
+}
+
+// agentProc is a running host agent, as the suite sees it.
+type agentProc struct {
+	host   *host
+	stdin  io.WriteCloser
+	exited <-chan struct{}
+	done   chan *agentDone
+	gc     chan *gcReport
+	log    string
+	mu     sync.Mutex
+	errs   []string
+}
+
+func (l *lab) startAgent(t *testing.T, i int, h *host, cfg agentConfig, hist *history) *agentProc {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &agentProc{host: h, done: make(chan *agentDone, 1), gc: make(chan *gcReport, 1),
+		log: filepath.Join(t.TempDir(), fmt.Sprintf("agent%d.log", i))}
+	logf, err := os.Create(a.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	// ip netns exec puts the agent in the host's network namespace; the
+	// clone flag gives it a UTS namespace of its own for its host name.
+	cmd := exec.Command("ip", "netns", "exec", h.ns.Name, self)
+	cmd.Env = append(os.Environ(), agentEnv+"="+string(raw))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWUTS}
+	cmd.Stderr = logf
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.stdin, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	if a.exited, err = spawn(cmd); err != nil {
+		t.Fatalf("agent %s: %v", h.name, err)
+	}
+	t.Cleanup(func() {
+		select {
+		case <-a.exited:
+		default:
+			_ = cmd.Process.Kill()
+			select {
+			case <-a.exited:
+			case <-time.After(30 * time.Second):
+				t.Errorf("agent %s did not exit after SIGKILL", h.name)
+			}
+		}
+	})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 16<<20)
+		for sc.Scan() {
+			var m agentMsg
+			if err := json.Unmarshal(sc.Bytes(), &m); err != nil {
+				a.fail("agent %s wrote %q: %v", h.name, sc.Bytes(), err)
+				continue
+			}
+			switch {
+			case m.Call != nil:
+				hist.add(*m.Call)
+			case m.Done != nil:
+				a.done <- m.Done
+			case m.GC != nil:
+				a.gc <- m.GC
+			case m.Err != "":
+				a.fail("agent %s: %s", h.name, m.Err)
+			}
+		}
+	}()
+	return a
+}
+
+func (a *agentProc) fail(format string, args ...any) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.errs = append(a.errs, fmt.Sprintf(format, args...))
+}
+
+func (a *agentProc) send(cmd string) error {
+	_, err := io.WriteString(a.stdin, cmd+"\n")
+	return err
+}
+
+// wait returns the next value of ch, or fails after d (or when the agent
+// exits without sending it).
+func wait[T any](t *testing.T, a *agentProc, ch chan T, what string, d time.Duration) (T, bool) {
+	t.Helper()
+	var zero T
+	select {
+	case v := <-ch:
+		return v, true
+	case <-a.exited:
+		select {
+		case v := <-ch:
+			return v, true
+		case <-time.After(time.Second):
+		}
+		t.Errorf("agent %s exited without %s; log:\n%s", a.host.name, what, tail(a.log, 3000))
+	case <-time.After(d):
+		t.Errorf("agent %s: no %s within %s; log:\n%s", a.host.name, what, d, tail(a.log, 3000))
+	}
+	return zero, false
+}
+
+// runPlugin runs the plugin once from the test process.
+func runPlugin(t *testing.T, plugin, command, id string, conf []byte) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, plugin)
+	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + id, "CNI_NETNS=/var/run/netns/unused",
+		"CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(plugin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd.Stdin = bytes.NewReader(conf)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%s %s: %v: %s", command, id, err, out)
+	}
+}
+
+// runSuite runs one fault-suite run of profile p and reports what it found.
+func runSuite(t *testing.T, p profile) result {
+	netns.RequireRoot(t)
+	l := newLab(t, p.hosts)
+	run := netns.Unique("")
+	network, poolName, prefix := "chaosnet-"+run, "chaos-"+run, "/chaos-"+run+"/"
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("run %s: seed %d, hosts %d x %d workers, Docker workers %d, at least %d calls and %d fault cycles",
+		p.name, seed, p.hosts, p.workers, p.dockerWorkers, p.ops, p.cycles)
+	// The plugin and the driver keep a lock file per (pool, host) in the
+	// machine's lock directory.
+	for _, h := range append(slices.Clone(l.hosts), l.docker) {
+		t.Cleanup(func() { _ = os.Remove(filepath.Join(string(hostlock.DefaultDir), poolName+"@"+h.name+".lock")) })
+	}
+
+	// The suite's own view of the store, through the loopback relays.
+	st, err := etcdstore.New(etcdstore.Config{Endpoints: l.relays, Prefix: prefix, DialTimeout: 2 * time.Second, RequestTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	checker, err := pool.New(st, "chaos-checker", pool.WithTimeout(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The CNI definition of the pool is recorded first (one ADD and DEL as
+	// host 0), so that the Docker network adopts its range.
+	runPlugin(t, p.plugin, "ADD", "setup", netConf(network, poolName, l.hosts[0].name, prefix, l.relays))
+	runPlugin(t, p.plugin, "DEL", "setup", netConf(network, poolName, l.hosts[0].name, prefix, l.relays))
+
+	drv, err := l.startDriver(driverBin, prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc := newDockerClient(drv.sock)
+	poolID, err := dc.network(poolName, subnet)
+	if err != nil {
+		t.Fatalf("Docker network on pool %s: %v; driver log:\n%s", poolName, err, tail(drv.log, 3000))
+	}
+
+	// The containers' network namespace (CNI_NETNS): the plugin refuses
+	// its own.
+	ctr := netns.New(t, "chctr")
+
+	hist := &history{}
+	start := time.Now()
+	var agents []*agentProc
+	for i, h := range l.hosts {
+		agents = append(agents, l.startAgent(t, i, h, agentConfig{
+			Host: h.name, Index: i, Plugin: p.plugin, Conf: netConf(network, poolName, "", prefix, l.endpoints()),
+			Netns: ctr.Path, Workers: p.workers, KillRate: p.killRate, CallLimit: 30 * time.Second, Seed: seed + uint64(i),
+		}, hist))
+	}
+	dw := &dockerWorkers{c: dc, poolID: poolID, record: hist.add, host: l.docker.name}
+	dw.start(p.dockerWorkers, seed)
+	t.Cleanup(func() { dw.stop() }) // when the test ends early; stopping twice is fine
+
+	f := &faults{lab: l, drv: drv, docker: dc, partitionFor: p.partitionFor, logf: t.Logf}
+	fctx, stopFaults := context.WithCancel(context.Background())
+	cyclesDone := make(chan struct{})
+	var fwg sync.WaitGroup
+	fwg.Go(func() { f.monitorLeader(fctx) })
+	fwg.Go(func() { f.run(fctx, p.cycles, cyclesDone) })
+	t.Cleanup(func() { stopFaults(); fwg.Wait() })
+
+	deadline := time.After(p.workFor)
+	progress := time.NewTicker(time.Minute)
+	defer progress.Stop()
+	enough := false
+	for !enough {
+		select {
+		case <-deadline:
+			t.Errorf("workload did not reach %d calls and %d fault cycles within %s (%d calls)", p.ops, p.cycles, p.workFor, hist.len())
+			enough = true
+		case <-progress.C:
+			t.Logf("%d calls after %s", hist.len(), time.Since(start).Round(time.Second))
+		case <-time.After(200 * time.Millisecond):
+			select {
+			case <-cyclesDone:
+				enough = hist.len() >= p.ops
+			default:
+			}
+		}
+	}
+	stopFaults()
+	fwg.Wait()
+	for _, a := range agents {
+		if err := a.send("stop"); err != nil {
+			t.Errorf("agent %s: %v", a.host.name, err)
+		}
+	}
+	live := holdings{} // the attachments and endpoints the workers still hold
+	kills := 0
+	for _, a := range agents {
+		if d, ok := wait(t, a, a.done, "report of live attachments", 2*time.Minute); ok {
+			for id, addr := range d.Live {
+				live["cni/"+id] = addr
+			}
+			kills += d.Kills
+		}
+	}
+	for mac, addr := range dw.stop() {
+		live["docker/"+mac] = addr
+	}
+	workload := time.Since(start)
+	if t.Failed() {
+		t.FailNow()
+	}
+
+	// What the store holds after the run, before GC: the history's end.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	final := readStore(t, ctx, checker, network, poolName)
+
+	for _, a := range agents {
+		if err := a.send("gc"); err != nil {
+			t.Errorf("agent %s: %v", a.host.name, err)
+		}
+	}
+	for _, a := range agents {
+		if r, ok := wait(t, a, a.gc, "GC report", 2*time.Minute); ok && !r.OK {
+			t.Errorf("GC on %s failed after %d attempts: %s", a.host.name, r.Attempts, r.Msg)
+		}
+		a.mu.Lock()
+		for _, e := range a.errs {
+			t.Error(e)
+		}
+		a.mu.Unlock()
+	}
+	after := readStore(t, ctx, checker, network, poolName)
+
+	f.mu.Lock()
+	for _, e := range f.errs {
+		t.Errorf("fault injection: %s", e)
+	}
+	r := result{kills: kills, leaderChanges: f.leaderChanges, leaderKills: f.leaderKills, partitions: f.partitions,
+		driverRestarts: f.driverRestarts, midRequest: f.midRequest, workload: workload}
+	f.mu.Unlock()
+	judge(t, ctx, &r, p, run, checker, poolName, hist.snapshot(), final, after, live)
+	fmt.Println(r.line)
+	t.Log(r.line)
+	return r
+}
+
+// judge checks a finished run: the history calls, the readings of the
+// store before (final) and after GC, the attachments and endpoints still
+// live. It fills in r, with its summary line.
+func judge(t *testing.T, ctx context.Context, r *result, p profile, run string, checker *pool.Allocator, poolName string,
+	calls []call, final, after reading, live holdings) {
+	sort.SliceStable(calls, func(i, j int) bool { return calls[i].Call < calls[j].Call })
+	r.ops = len(calls)
+
+	dups := append(duplicatesSeen(calls), storeDuplicates(final, after)...)
+	for _, d := range dups {
+		t.Logf("duplicate: %s", d)
+	}
+	r.duplicates = distinctDuplicates(dups)
+
+	for o, a := range after.owners {
+		if _, ok := live[o]; !ok {
+			r.leaks++
+			t.Logf("leak: %s holds %s after GC but is no live attachment", o, a)
+		}
+	}
+	for o, a := range live {
+		if got, ok := after.owners[o]; !ok || got != a {
+			r.lost++
+			t.Logf("lost: live %s was given %s but holds %v", o, a, got)
+		}
+	}
+
+	problems, err := checker.Check(ctx, poolName)
+	if err != nil {
+		t.Errorf("Check: %v", err)
+	}
+	ring, rerr := checker.RingOf(ctx, poolName)
+	if rerr != nil {
+		problems = append(problems, "RingOf: "+rerr.Error())
+	}
+	for _, pr := range problems {
+		t.Logf("store: %s", pr)
+	}
+	r.ringIntact = err == nil && len(problems) == 0
+	t.Logf("ring after the run: %+v", ring)
+
+	counts := map[string]int{}
+	for _, c := range calls {
+		counts[c.Verb]++
+		if c.Unclear != "" {
+			r.unclear++
+			if r.unclear <= 10 {
+				t.Logf("unclear failure: %+v", c)
+			}
+		}
+		if c.Killed {
+			counts["killed"]++
+		}
+		if c.Verb == verbAdd && c.Outcome == outOK {
+			r.okAdds++
+		}
+		if c.Outcome != outOK {
+			counts["failed"]++
+			counts[fmt.Sprintf("code %d", c.Code)]++
+		}
+	}
+
+	linStart := time.Now()
+	var model porcupine.Model
+	var info porcupine.LinearizationInfo
+	var spanning []string
+	r.linearizable, spanning, model, info = linearizable(poolAddrs(), calls, final.owners, p.linTimeout)
+	linTook := time.Since(linStart)
+	for _, s := range spanning {
+		t.Logf("linearizability: %s", s)
+	}
+	if r.linearizable != "yes" {
+		path := filepath.Join(os.TempDir(), fmt.Sprintf("ringipam-chaos-%s-%s.html", p.name, run))
+		if err := porcupine.VisualizePath(model, info, path); err == nil {
+			t.Logf("porcupine's view of the history: %s", path)
+		}
+	}
+	if r.linearizable != "yes" || *keep {
+		saveHistory(t, filepath.Join(os.TempDir(), fmt.Sprintf("ringipam-chaos-%s-%s.json", p.name, run)), calls, final.owners)
+	}
+
+	r.line = fmt.Sprintf("chaos %s: operations %d (ADD %d, DEL %d, Docker release %d; failed %d: code 11 %d, code 102 %d, killed %d), "+
+		"kills %d, leader changes %d (leader kills %d), partitions %d, driver restarts %d (mid-request %d), "+
+		"duplicates %d, leaks %d, lost %d, ring intact %s, unclear errors %d, linearizable %s (workload %s, check %s)",
+		p.name, r.ops, counts[verbAdd], counts[verbDel], counts[verbRelease], counts["failed"], counts["code 11"], counts["code 102"], counts["killed"],
+		r.kills, r.leaderChanges, r.leaderKills, r.partitions, r.driverRestarts, r.midRequest,
+		r.duplicates, r.leaks, r.lost, yesNo(r.ringIntact), r.unclear, r.linearizable,
+		r.workload.Round(time.Second), linTook.Round(time.Millisecond))
+}
+
+// saveHistory writes the calls and the final reading as JSON, for a
+// closer look at a history that did not check out.
+func saveHistory(t *testing.T, path string, calls []call, final holdings) {
+	b, err := json.Marshal(struct {
+		Calls []call   `json:"calls"`
+		Final holdings `json:"final"`
+	}{calls, final})
+	if err == nil {
+		err = os.WriteFile(path, b, 0o600)
+	}
+	if err != nil {
+		t.Logf("saving the history: %v", err)
+		return
+	}
+	t.Logf("history saved: %s", path)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+// readStore reads every allocation of the pool, CNI and Docker owners, as
+// the model names them, and the owner each address's key names.
+func readStore(t *testing.T, ctx context.Context, a *pool.Allocator, network, poolName string) reading {
+	t.Helper()
+	r := reading{owners: holdings{}, keys: map[netip.Addr]string{}}
+	for _, f := range []pool.Filter{{Kind: pool.KindCNI, Network: network}, {Kind: pool.KindDocker, Network: poolName}} {
+		allocs, err := a.List(ctx, f)
+		if err != nil {
+			t.Fatalf("listing %s allocations: %v", f.Kind, err)
+		}
+		for _, al := range allocs {
+			addr, ok := al.Addr(poolName, pool.RoleIP)
+			if !ok {
+				t.Errorf("%s holds nothing in pool %s: %+v", al.Owner, poolName, al)
+				continue
+			}
+			r.owners[string(f.Kind)+"/"+al.Owner.ContainerID] = addr
+		}
+	}
+	for _, addr := range poolAddrs() {
+		al, held, err := a.HolderOf(ctx, poolName, addr)
+		if err != nil {
+			t.Fatalf("holder of %s: %v", addr, err)
+		}
+		if held {
+			r.keys[addr] = string(al.Owner.Kind) + "/" + al.Owner.ContainerID
+		}
+	}
+	return r
+}
