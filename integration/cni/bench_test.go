@@ -104,7 +104,7 @@ func addWorkload(b *testing.B, bin string, conf []byte, parallel int) ([]time.Du
 			defer wg.Done()
 			for i := range next {
 				ctx, cancel := context.WithTimeout(context.Background(), cnitest.OpTimeout)
-				args := &invoke.Args{Command: "ADD", ContainerID: fmt.Sprintf("bench-%05d", i), NetNS: noNetNS, IfName: "eth0", Path: filepath.Dir(bin)}
+				args := &invoke.Args{Command: "ADD", ContainerID: fmt.Sprintf("bench-%05d", i), NetNS: cnitest.NoNetNS, IfName: "eth0", Path: filepath.Dir(bin)}
 				t0 := time.Now()
 				_, err := invoke.ExecPluginWithResult(ctx, bin, conf, args, nil)
 				lat[i] = time.Since(t0)

@@ -173,6 +173,31 @@ func (n *NS) Forward(t testing.TB, target string) string {
 	if err != nil {
 		t.Fatalf("forward to %s in %s: %v", target, n.Name, err)
 	}
+	return relay(t, l, func(ctx context.Context) (net.Conn, error) { return n.DialContext(ctx, "tcp", target) })
+}
+
+// Relay is Forward the other way round: it listens on a free loopback port
+// inside n and relays every connection to target ("ip:port") dialled from
+// the test's own namespace, so processes in n reach servers on the test's
+// loopback (an etcd started by the test, say). It returns the address
+// inside n ("127.0.0.1:port"); everything is closed when the test ends.
+func (n *NS) Relay(t testing.TB, target string) string {
+	t.Helper()
+	var l net.Listener
+	if err := n.Do(func() error {
+		var err error
+		l, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		t.Fatalf("relay in %s to %s: %v", n.Name, target, err)
+	}
+	return relay(t, l, func(ctx context.Context) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", target)
+	})
+}
+
+// relay accepts on l and carries each connection to what dial returns.
+func relay(t testing.TB, l net.Listener, dial func(ctx context.Context) (net.Conn, error)) string {
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{}
 	track := func(c net.Conn, on bool) bool {
@@ -202,7 +227,7 @@ func (n *NS) Forward(t testing.TB, target string) string {
 	relay := func(in net.Conn) {
 		defer wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), forwardDialTimeout)
-		out, err := n.DialContext(ctx, "tcp", target)
+		out, err := dial(ctx)
 		cancel()
 		if err != nil || !track(in, true) {
 			in.Close()
