@@ -9,7 +9,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -287,4 +286,4 @@ func freePort(t *testing.T) string {
 	return l.Addr().String()
 }
 
-var _ = fmt.Sprint
+func symlink(target, link string) error { return os.Symlink(target, link) }

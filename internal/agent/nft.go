@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
+	"strings"
 
 	"sigs.k8s.io/knftables"
 )
@@ -75,6 +77,31 @@ func (n *nftForwarder) Sync(ctx context.Context, fs []Forward) error {
 	}
 	if err := n.nft.Run(ctx, tx); err != nil {
 		return fmt.Errorf("nftables: %w", err)
+	}
+	return enableForwarding(fs)
+}
+
+// enableForwarding turns on IP forwarding for the families fs forward to:
+// forwarded packets leave through the host's routing, as Docker's ingress
+// and Kubernetes' NodePorts need it too.
+func enableForwarding(fs []Forward) error {
+	var v4, v6 bool
+	for _, f := range fs {
+		v4, v6 = v4 || f.To.Is4(), v6 || f.To.Is6()
+	}
+	for _, c := range []struct {
+		on   bool
+		path string
+	}{{v4, "/proc/sys/net/ipv4/ip_forward"}, {v6, "/proc/sys/net/ipv6/conf/all/forwarding"}} {
+		if !c.on {
+			continue
+		}
+		if b, err := os.ReadFile(c.path); err == nil && strings.TrimSpace(string(b)) == "1" {
+			continue
+		}
+		if err := os.WriteFile(c.path, []byte("1\n"), 0o644); err != nil {
+			return fmt.Errorf("enabling forwarding (%s): %w", c.path, err)
+		}
 	}
 	return nil
 }

@@ -3,9 +3,10 @@ package agent
 import (
 	"bytes"
 	"fmt"
-	"hash/fnv"
 	"html/template"
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/pool"
@@ -17,11 +18,31 @@ import (
 // an inner arc whose length is the range's fill level; beside it one band
 // per host (its colour, ranges, addresses held).
 
-// hostColor gives each host a stable colour.
-func hostColor(host string) string {
-	h := fnv.New32a()
-	h.Write([]byte(host))
-	return fmt.Sprintf("hsl(%d, 62%%, 48%%)", h.Sum32()%360)
+// palette holds colours far enough apart to tell hosts from each other;
+// beyond its length colours repeat with a different lightness.
+var palette = []string{"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+	"#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#393b79", "#ad494a"}
+
+// hostColors gives every host of the snapshot its own colour, by the order
+// of their names, so one host has one colour in every ring and the table.
+func hostColors(s Snapshot) map[string]string {
+	names := map[string]bool{}
+	for _, h := range s.Hosts {
+		names[h.Name] = true
+	}
+	for _, p := range s.Pools {
+		for _, r := range p.Ring.Ranges {
+			if r.Host != "" {
+				names[r.Host] = true
+			}
+		}
+	}
+	sorted := slices.Sorted(maps.Keys(names))
+	out := make(map[string]string, len(sorted))
+	for i, n := range sorted {
+		out[n] = palette[i%len(palette)]
+	}
+	return out
 }
 
 const (
@@ -81,7 +102,7 @@ type poolPage struct {
 }
 
 // ringPage lays one pool out (pure).
-func ringPage(v PoolView, states map[string]pool.HostState) poolPage {
+func ringPage(v PoolView, states map[string]pool.HostState, colors map[string]string) poolPage {
 	p := poolPage{Name: v.Name, Capacity: v.Usage.Capacity, Used: v.Usage.Used, Available: v.Usage.Available}
 	var total float64
 	for _, s := range v.Size {
@@ -106,7 +127,7 @@ func ringPage(v PoolView, states map[string]pool.HostState) poolPage {
 		case r.Host == "":
 			arc.Class, arc.Color = "range free", "#e4e4e4"
 		default:
-			arc.Class, arc.Color = "range", hostColor(r.Host)
+			arc.Class, arc.Color = "range", colors[r.Host]
 			b, ok := bands[r.Host]
 			if !ok {
 				b = &bandView{Host: r.Host, Color: arc.Color, State: string(states[r.Host])}
@@ -177,7 +198,7 @@ section.pool{margin:1.2em 0}svg text{font:12px system-ui,sans-serif}
 <h3>{{.Name}}: {{.Used}} held of {{.Capacity}}</h3>
 <svg class="ring" data-pool="{{.Name}}" xmlns="http://www.w3.org/2000/svg" width="560" height="{{.Height}}" viewBox="0 0 560 {{.Height}}" role="img" aria-label="ring of pool {{.Name}}">
 <defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#bbb"/><line x1="0" y1="0" x2="0" y2="6" stroke="#777" stroke-width="3"/></pattern></defs>
-<g class="arcs">{{range .Arcs}}<path class="{{.Class}}" data-host="{{.Host}}" data-start="{{.Start}}" data-end="{{.End}}" data-used="{{.Used}}" d="{{.Path}}" fill="{{.Color}}"><title>{{.Title}}</title></path>{{if .FillPath}}<path class="fill" data-host="{{.Host}}" d="{{.FillPath}}" fill="#333" fill-opacity=".55"/>{{end}}{{end}}</g>
+<g class="arcs">{{range .Arcs}}<path class="{{.Class}}" data-host="{{.Host}}" data-start="{{.Start}}" data-end="{{.End}}" data-used="{{.Used}}" d="{{.Path}}" fill="{{.Color}}"><title>{{.Title}}</title></path>{{if .FillPath}}<path class="fill" data-host="{{.Host}}" d="{{.FillPath}}" fill="{{.Color}}" fill-opacity=".45"/>{{end}}{{end}}</g>
 <text x="120" y="116" text-anchor="middle">{{.Used}} held</text><text x="120" y="132" text-anchor="middle">of {{.Capacity}}</text>
 <g class="bands">{{range .Bands}}<g class="band" data-host="{{.Host}}" transform="translate(260,{{.Y}})"><rect width="22" height="18" fill="{{.Color}}"/><text x="30" y="14">{{.Host}} · {{.State}} · {{.Ranges}} ranges · {{.Used}} held</text></g>
 {{end}}{{if .Tombstones}}<g class="tomb-legend" transform="translate(260,{{.TombY}})"><rect width="22" height="18" fill="url(#hatch)"/><text x="30" y="14">tombstoned · {{.Tombstones}} ranges</text></g>{{end}}</g>
@@ -195,16 +216,17 @@ section.pool{margin:1.2em 0}svg text{font:12px system-ui,sans-serif}
 func renderPage(s Snapshot, now time.Time) ([]byte, error) {
 	v := pageView{S: s, Age: now.Sub(s.Taken).Round(time.Second).String(), Orphaned: !s.Orphaned.IsZero()}
 	states := map[string]pool.HostState{}
+	colors := hostColors(s)
 	for _, h := range s.Hosts {
 		states[h.Name] = h.State
 		seen := "never"
 		if !h.LastSeen.IsZero() {
 			seen = now.Sub(h.LastSeen).Round(time.Second).String() + " ago"
 		}
-		v.Hosts = append(v.Hosts, hostRow{HostInfo: h, Color: hostColor(h.Name), Seen: seen, Me: h.Name == s.Host})
+		v.Hosts = append(v.Hosts, hostRow{HostInfo: h, Color: colors[h.Name], Seen: seen, Me: h.Name == s.Host})
 	}
 	for _, p := range s.Pools {
-		v.Pools = append(v.Pools, ringPage(p, states))
+		v.Pools = append(v.Pools, ringPage(p, states, colors))
 	}
 	var b bytes.Buffer
 	if err := pageTmpl.Execute(&b, v); err != nil {
