@@ -267,3 +267,14 @@ func TestLoadConfig(t *testing.T) {
 		}
 	}
 }
+
+// The example configuration in conf/ loads as it is.
+func TestExampleConfigLoads(t *testing.T) {
+	cfg, err := LoadConfig([]string{"--config", "../../conf/ringipamd.json"}, func(string) string { return "" }, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Host != "node-1" || cfg.Addr != "198.18.0.11" || cfg.Store.Type != "etcd" || cfg.Store.TLS == nil {
+		t.Fatalf("%+v", cfg)
+	}
+}
