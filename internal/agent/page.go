@@ -200,8 +200,8 @@ section.pool{margin:1.2em 0}svg text{font:12px system-ui,sans-serif}
 <defs><pattern id="hatch" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#bbb"/><line x1="0" y1="0" x2="0" y2="6" stroke="#777" stroke-width="3"/></pattern></defs>
 <g class="arcs">{{range .Arcs}}<path class="{{.Class}}" data-host="{{.Host}}" data-start="{{.Start}}" data-end="{{.End}}" data-used="{{.Used}}" d="{{.Path}}" fill="{{.Color}}"><title>{{.Title}}</title></path>{{if .FillPath}}<path class="fill" data-host="{{.Host}}" d="{{.FillPath}}" fill="{{.Color}}" fill-opacity=".45"/>{{end}}{{end}}</g>
 <text x="120" y="116" text-anchor="middle">{{.Used}} held</text><text x="120" y="132" text-anchor="middle">of {{.Capacity}}</text>
-<g class="bands">{{range .Bands}}<g class="band" data-host="{{.Host}}" transform="translate(260,{{.Y}})"><rect width="22" height="18" fill="{{.Color}}"/><text x="30" y="14">{{.Host}} · {{.State}} · {{.Ranges}} ranges · {{.Used}} held</text></g>
-{{end}}{{if .Tombstones}}<g class="tomb-legend" transform="translate(260,{{.TombY}})"><rect width="22" height="18" fill="url(#hatch)"/><text x="30" y="14">tombstoned · {{.Tombstones}} ranges</text></g>{{end}}</g>
+<g class="bands">{{range .Bands}}<g class="band" data-host="{{.Host}}" transform="translate(260,{{.Y}})"><rect width="22" height="18" fill="{{.Color}}"/><text x="30" y="14">{{.Host}} · {{.State}} · {{.Ranges}} range{{if ne .Ranges 1}}s{{end}} · {{.Used}} held</text></g>
+{{end}}{{if .Tombstones}}<g class="tomb-legend" transform="translate(260,{{.TombY}})"><rect width="22" height="18" fill="url(#hatch)"/><text x="30" y="14">tombstoned · {{.Tombstones}} range{{if ne .Tombstones 1}}s{{end}}</text></g>{{end}}</g>
 </svg></section>
 {{else}}<p>No pool is defined yet.</p>{{end}}
 <h2>Ingress forwards</h2>
