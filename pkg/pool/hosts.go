@@ -28,13 +28,13 @@ const DefaultOrphanAfter = 48 * time.Hour
 
 // hostRecord is what the store keeps about a host itself.
 type hostRecord struct {
-	Addr     string `json:"addr,omitempty"` // where other hosts forward its ingress ports
-	Seen     int64  `json:"s,omitempty"`    // last heartbeat (Unix seconds)
+	Addr string `json:"addr,omitempty"` // where other hosts forward its ingress ports
+	Seen int64  `json:"s,omitempty"`    // last heartbeat (Unix seconds)
 	// Checked is when a CHECK last found one of the host's owners (Unix
 	// seconds), written at most every touchEvery: the last-seen time of
 	// hosts whose containers only get checked, agent or not.
-	Checked int64 `json:"c,omitempty"`
-	Orphaned int64  `json:"o,omitempty"`    // when it was orphaned; 0: never, or acknowledged
+	Checked  int64 `json:"c,omitempty"`
+	Orphaned int64 `json:"o,omitempty"` // when it was orphaned; 0: never, or acknowledged
 	// Reclaimed counts the owners released when it was orphaned.
 	Reclaimed int `json:"r,omitempty"`
 }
