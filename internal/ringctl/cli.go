@@ -105,7 +105,7 @@ type command struct {
 }
 
 var commands = []command{
-	{"status", "[--pool P]", "pools (size, used, held, free), hosts (up/down/orphaned, last seen) and each pool's ring", true, setupStatus},
+	{"status", "[--pool P]", "pools (size, used, held, free), hosts (state, last seen), each pool's ring", true, setupStatus},
 	{"ls", "[--pool P] [--host H] [--owner O] [--no-holds]", "held addresses: owner, front end, reservation, host, age", false, setupLs},
 	{"ports", "[--host H] [--mode host|ingress] [--owner O]", "published ports by mode, protocol, host and owner", false, setupPorts},
 	{"release", "ADDRESS [--pool P] | --owner O  [--no-hold] [--dry-run]", "release the owner of ADDRESS, or every owner O matches", true, setupRelease},

@@ -114,8 +114,8 @@ type Action struct {
 	// drop-ended-hold, adopt, ack.
 	Do string `json:"do"`
 	// Target is whom: an owner, a host, an endpoint, a reservation.
-	Target string `json:"target"`
-	Host   string `json:"host,omitempty"`
+	Target string       `json:"target"`
+	Host   string       `json:"host,omitempty"`
 	Pools  []string     `json:"pools,omitempty"`
 	Addrs  []netip.Addr `json:"addrs,omitempty"`
 	// Detail completes the sentence (ports, hold, times).

@@ -96,21 +96,27 @@ func (c *Ctl) ImportHostLocal(ctx context.Context, args ImportArgs) (ImportRepor
 		return rep, err
 	}
 	rep.Ignored = files.ignored
+	// The addresses are allocated on the containers' host: they move into
+	// its ranges, and its GC covers them.
+	a, err := c.poolAs(args.Host)
+	if err != nil {
+		return rep, err
+	}
 	if !args.DryRun {
 		// Record the pools first (or find them recorded as configured), so
 		// a mismatch is one clear error rather than one per owner.
-		if err := c.Pool.Define(ctx, defs...); err != nil {
+		if err := a.Define(ctx, defs...); err != nil {
 			return rep, fmt.Errorf("recording the pools of network %s: %w", cfg.Network, err)
 		}
 	}
 	for _, at := range files.attachments {
 		owner := pool.Owner{Kind: pool.KindCNI, Network: cfg.Network, ContainerID: at.container, IfName: at.ifName}
-		rep.Owners = append(rep.Owners, c.importOne(ctx, cfg, owner, at.addrs, args.DryRun))
+		rep.Owners = append(rep.Owners, importOne(ctx, a, cfg, owner, at.addrs, args.DryRun))
 	}
 	return rep, nil
 }
 
-func (c *Ctl) importOne(ctx context.Context, cfg *ipamring.Config, owner pool.Owner, addrs []netip.Addr, dry bool) ImportedOwner {
+func importOne(ctx context.Context, a *pool.Allocator, cfg *ipamring.Config, owner pool.Owner, addrs []netip.Addr, dry bool) ImportedOwner {
 	out := ImportedOwner{Owner: owner, Addrs: addrs}
 	refuse := func(format string, a ...any) ImportedOwner {
 		out.Result, out.Detail = ImportRefused, fmt.Sprintf(format, a...)
@@ -140,7 +146,7 @@ func (c *Ctl) importOne(ctx context.Context, cfg *ipamring.Config, owner pool.Ow
 	if len(missing) > 0 {
 		out.Detail = "no address in pool " + strings.Join(missing, ", ") + ": ipam-ring's CHECK will fail for it"
 	}
-	held, ok, err := c.Pool.Lookup(ctx, owner)
+	held, ok, err := a.Lookup(ctx, owner)
 	if err != nil {
 		return refuse("looking up the owner: %v", err)
 	}
@@ -153,7 +159,7 @@ func (c *Ctl) importOne(ctx context.Context, cfg *ipamring.Config, owner pool.Ow
 	}
 	if dry {
 		for _, w := range wants {
-			h, taken, err := c.Pool.HolderOf(ctx, w.Pool, w.Addr)
+			h, taken, err := a.HolderOf(ctx, w.Pool, w.Addr)
 			if err != nil {
 				return refuse("looking up %s: %v", w.Addr, err)
 			}
@@ -164,7 +170,13 @@ func (c *Ctl) importOne(ctx context.Context, cfg *ipamring.Config, owner pool.Ow
 		out.Result = ImportAdopted
 		return out
 	}
-	_, err = c.Pool.Allocate(ctx, pool.Request{Owner: owner, Wants: wants, Defs: cfg.Defs()})
+	var defs []pool.Def // the wanted pools' definitions, verified in the allocation's own read
+	for _, rs := range cfg.RangeSets {
+		if slices.ContainsFunc(wants, func(w pool.Want) bool { return w.Pool == rs.Def.Name }) {
+			defs = append(defs, rs.Def)
+		}
+	}
+	_, err = a.Allocate(ctx, pool.Request{Owner: owner, Wants: wants, Defs: defs})
 	var inUse *pool.InUseError
 	switch {
 	case errors.As(err, &inUse):

@@ -394,3 +394,36 @@ func sweepable(h HostInfo, self string) bool {
 	}
 	return h.OrphanedAt.IsZero() || h.Ranges != 0 || h.Used != 0
 }
+
+// ReservationInfo is a reservation record as operators see it.
+type ReservationInfo struct {
+	Kind    Kind
+	Network string
+	Name    string
+	Owner   string     // the owner holding the name now (Owner.String()); "" when released
+	Addrs   []Assigned // the addresses the name remembers
+	Until   time.Time  // end of the hold after the last release; zero if none
+}
+
+// Reservation returns the record of reservation name of (kind, network),
+// false when the name is unknown.
+func (a *Allocator) Reservation(ctx context.Context, kind Kind, network, name string) (ReservationInfo, bool, error) {
+	if !kind.Valid() || network == "" || name == "" {
+		return ReservationInfo{}, false, fmt.Errorf("%w: a reservation is named by a kind, a network and a name", ErrInvalid)
+	}
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	kvs, err := a.get(ctx, resvKey(kind, network, name))
+	if err != nil || !kvs[0].Exists() {
+		return ReservationInfo{}, false, err
+	}
+	var r reservation
+	if err := json.Unmarshal(kvs[0].Value, &r); err != nil {
+		return ReservationInfo{}, false, fmt.Errorf("reservation %s: corrupt: %w", name, err)
+	}
+	info := ReservationInfo{Kind: kind, Network: network, Name: name, Owner: r.Owner, Addrs: r.Addrs}
+	if r.Until != 0 {
+		info.Until = time.Unix(r.Until, 0)
+	}
+	return info, true, nil
+}
