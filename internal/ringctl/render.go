@@ -233,7 +233,10 @@ func ActionLine(a Action) string {
 func RenderActions(w io.Writer, a Actions) {
 	p := printer{w}
 	for _, x := range a.Actions {
-		p.line("%s", ActionLine(x))
+		// An action is read whole: wrapped, never cut.
+		for _, l := range wrap(ActionLine(x), MaxColumns, "    ") {
+			p.line("%s", l)
+		}
 	}
 	for _, n := range a.Notes {
 		p.line("# %s", n)

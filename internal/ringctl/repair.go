@@ -179,7 +179,7 @@ func (c *Ctl) reclaim(ctx context.Context, plan pool.ReclaimPlan, ports []endpoi
 	h := plan.Host
 	head := func(pools []string) Action {
 		return Action{Do: "reclaim", Target: h.Name, Pools: pools,
-			Detail: fmt.Sprintf("tombstone its ranges in these pools (%s, last seen %s)", h.State, stamp(h.LastSeen))}
+			Detail: fmt.Sprintf("%s, last seen %s", h.State, stamp(h.LastSeen))}
 	}
 	handover := Action{Do: "hand-over", Target: h.Name, Host: c.Pool.Host(), Detail: "its free space goes to " + c.Pool.Host()}
 	if dry {
