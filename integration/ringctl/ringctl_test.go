@@ -3,6 +3,8 @@
 package ringctl
 
 import (
+	"context"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net/netip"
@@ -14,9 +16,12 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
 	rc "github.com/ringipam/ringipam/internal/ringctl"
+	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/store"
 )
 
 var hosts = []string{"node-a", "node-b", "node-c"}
@@ -391,4 +396,136 @@ func isSubsequence(sub, want []string) bool {
 		}
 	}
 	return i == len(sub)
+}
+
+// 2. check passes on a healthy store and reports each violation on a store
+// corrupted on purpose, one subtest per invariant, each through the binary.
+// The corruptions write the documented store layout (docs/DESIGN-NOTES.md)
+// directly, as a bug or a hand edit would.
+func TestCheck(t *testing.T) {
+	netns.RequireRoot(t)
+	etcd := testenv.StartEtcd(t)
+	hexOf := func(a string) string {
+		b := netip.MustParseAddr(a).AsSlice()
+		return hex.EncodeToString(b)
+	}
+	cases := []struct {
+		invariant string
+		corrupt   func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string)
+	}{
+		{pool.InvTwoOwners, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			editJSON(t, st, "o/cni/rcnet/node-b-0/eth0", func(rec map[string]any) {
+				rec["addrs"].([]any)[0].(map[string]any)["addr"] = addrs["node-a-0"][0]
+			})
+		}},
+		{pool.InvRingCover, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			kv := get(t, st, "g/rcnet-0")
+			put(t, st, "g/rcnet-0", strings.TrimSuffix(string(kv), "]")+`,{"s":"198.18.20.2","h":"node-b"}]`)
+		}},
+		{pool.InvNotInPool, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			put(t, st, "a/rcnet-0/"+hexOf("198.18.20.255"), "node-b cni/rcnet/node-b-1/eth0")
+		}},
+		{pool.InvOutsideRange, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			put(t, st, "a/rcnet-0/"+hexOf(addrs["node-a-1"][0]), "node-b cni/rcnet/node-a-1/eth0")
+		}},
+		{pool.InvTombstoned, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			// node-c is removed with its ranges tombstoned; its owner comes
+			// back as a stray record that the reclaim never saw.
+			rec := get(t, st, "o/cni/rcnet/node-c-0/eth0")
+			key := "a/rcnet-0/" + hexOf(addrs["node-c-0"][0])
+			holder := get(t, st, key)
+			c.ok(t, "rmpeer", "node-c", "--tombstone")
+			put(t, st, "o/cni/rcnet/node-c-0/eth0", string(rec))
+			put(t, st, key, string(holder))
+			put(t, st, "a/rcnet-1/"+hexOf(addrs["node-c-0"][1]), string(holder))
+		}},
+		{pool.InvRecords, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			if err := st.Commit(context.Background(), nil, []store.Op{store.Delete("o/cni/rcnet/node-b-1/eth0")}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{pool.InvOverlap, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			put(t, st, "d/other", `{"name":"other","ranges":[{"subnet":"198.18.20.128/25","rangeStart":"198.18.20.129","rangeEnd":"198.18.20.254"}]}`)
+		}},
+		{pool.InvHostCount, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			editJSON(t, st, "h/rcnet-0/node-b", func(hs map[string]any) { hs["u"] = 7 })
+		}},
+		{pool.InvCorrupt, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			put(t, st, "o/cni/rcnet/broken/eth0", "{not json")
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.invariant, func(t *testing.T) {
+			c := &cluster{etcd: etcd, prefix: "/" + netns.Unique("rck-") + "/"}
+			addrs := map[string][]string{}
+			for _, h := range hosts {
+				for i := range 2 {
+					ctr := fmt.Sprintf("%s-%d", h, i)
+					addrs[ctr] = c.add(t, h, ctr, "", nil)
+				}
+			}
+			if out := c.ok(t, "check"); out != "ok: every invariant holds\n" {
+				t.Fatalf("check of a healthy store:\n%s", out)
+			}
+			st := cnitest.OpenStore(t, c.store())
+			tc.corrupt(t, c, st, addrs)
+			r := c.ringctl(t, "check")
+			var v struct{ Violations []pool.Violation }
+			rj := c.jsonOf(t, &v, "check")
+			if r.code != rc.ExitFindings || rj.code != rc.ExitFindings {
+				t.Fatalf("check exit %d (json %d), want %d\n%s%s", r.code, rj.code, rc.ExitFindings, r.stdout, r.stderr)
+			}
+			// One entry per violation; a long one continues on indented lines.
+			var lines []string
+			for _, l := range strings.Split(strings.TrimSuffix(r.stdout, "\n"), "\n") {
+				if strings.HasPrefix(l, "    ") && len(lines) > 0 {
+					lines[len(lines)-1] += " " + strings.TrimSpace(l)
+					continue
+				}
+				lines = append(lines, l)
+			}
+			if len(lines) != len(v.Violations) {
+				t.Errorf("%d lines for %d violations:\n%s", len(lines), len(v.Violations), r.stdout)
+			}
+			found := false
+			for i, l := range lines {
+				if i < len(v.Violations) && l != v.Violations[i].String() {
+					t.Errorf("entry %q is not violation %q", l, v.Violations[i])
+				}
+				found = found || strings.HasPrefix(l, tc.invariant+": ")
+			}
+			checkWidth(t, r.stdout)
+			if !found {
+				t.Fatalf("check did not report %s:\n%s", tc.invariant, r.stdout)
+			}
+			t.Logf("ringctl check:\n%s", r.stdout)
+		})
+	}
+}
+
+func get(t *testing.T, st store.Store, key string) []byte {
+	t.Helper()
+	kvs, err := st.Get(context.Background(), key)
+	if err != nil || !kvs[0].Exists() {
+		t.Fatalf("get %s: %v (exists %v)", key, err, err == nil && kvs[0].Exists())
+	}
+	return kvs[0].Value
+}
+
+func put(t *testing.T, st store.Store, key, value string) {
+	t.Helper()
+	if err := st.Commit(context.Background(), nil, []store.Op{store.Put(key, []byte(value))}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func editJSON(t *testing.T, st store.Store, key string, edit func(map[string]any)) {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(get(t, st, key), &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	b, _ := json.Marshal(m)
+	put(t, st, key, string(b))
 }

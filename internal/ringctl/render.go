@@ -250,8 +250,13 @@ func RenderActions(w io.Writer, a Actions) {
 func RenderCheck(w io.Writer, v []pool.Violation) {
 	p := printer{w}
 	for _, x := range v {
-		// Container IDs shortened as in ls; --json has every line whole.
-		p.line("%s", longHex.ReplaceAllStringFunc(x.String(), func(h string) string { return h[:12] }))
+		// One entry per violation, starting with its invariant at column
+		// 0; a long one continues on indented lines rather than being
+		// cut. Container IDs are shortened as in ls; --json has them whole.
+		line := longHex.ReplaceAllStringFunc(x.String(), func(h string) string { return h[:12] })
+		for _, l := range wrap(line, MaxColumns, "    ") {
+			p.line("%s", l)
+		}
 	}
 	if len(v) == 0 {
 		p.line("ok: every invariant holds")
