@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -370,7 +372,7 @@ func TestHistory(t *testing.T) {
 	}
 	text := c.ok(t, "history", ip)
 	checkWidth(t, text)
-	if lines := strings.Split(strings.TrimSpace(text), "\n"); len(lines) != len(got)+1 || strings.Join(strings.Fields(lines[3])[1:], " ") != "alloc cni/"+network+"/second/eth0 node-b" {
+	if lines := strings.Split(strings.TrimSpace(text), "\n"); len(lines) != len(got)+1 || strings.Join(strings.Fields(lines[len(lines)-1])[1:], " ") != "alloc cni/"+network+"/second/eth0 node-b" {
 		t.Fatalf("history text:\n%s", text)
 	}
 	if r := c.ringctl(t, "history", "198.51.100.1"); r.code != rc.ExitFailed || !strings.Contains(r.stderr, "no recorded pool hands out 198.51.100.1") {
@@ -528,4 +530,140 @@ func editJSON(t *testing.T, st store.Store, key string, edit func(map[string]any
 	edit(m)
 	b, _ := json.Marshal(m)
 	put(t, st, key, string(b))
+}
+
+// 3. import host-local on a data dir written by the real host-local plugin
+// (cnitool, bridge, real namespaces): after switching the conflist to
+// ipam-ring, CHECK passes for the same containers with the same addresses,
+// new ADDs never reuse them, DEL releases them. An address another owner
+// holds is refused; a second import changes nothing.
+func TestImportHostLocal(t *testing.T) {
+	netns.RequireRoot(t)
+	host := netns.New(t, "rcih")
+	name := netns.Unique("rci-")
+	t.Cleanup(func() {
+		// cnitool keeps its results in libcni's default cache.
+		matches, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", name+"-*"))
+		for _, m := range matches {
+			os.Remove(m)
+		}
+	})
+	dir := t.TempDir()
+	dataDir := filepath.Join(dir, "host-local")
+	ranges := [][]map[string]string{{{"subnet": "198.18.30.0/24"}}}
+	bridge := func(ipam map[string]any) map[string]any {
+		return map[string]any{"type": "bridge", "bridge": "rcbr0", "isGateway": true, "ipMasq": false, "ipam": ipam}
+	}
+	writeConfList := func(sub string, ipam map[string]any) string {
+		d := filepath.Join(dir, sub)
+		os.MkdirAll(d, 0o755)
+		b, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": name, "plugins": []any{bridge(ipam)}})
+		writeFile(t, filepath.Join(d, name+".conflist"), b)
+		return d
+	}
+	hlConf := writeConfList("host-local", map[string]any{"type": "host-local", "dataDir": dataDir, "ranges": ranges})
+	st := map[string]any{"type": "local", "path": filepath.Join(dir, "store.db")}
+	ringConf := writeConfList("ipam-ring", map[string]any{"type": "ipam-ring", "host": "node-h", "store": st, "ranges": ranges, "timeout": "30s"})
+	cniPath := cnitest.PluginDir(t, cnitest.IPAMBin, "bridge", "host-local", "loopback")
+	cnitool := func(conf string, args ...string) (string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), cnitest.OpTimeout)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", host.Name, cnitest.RefBin(t, "cnitool")}, args...)...)
+		cmd.Env = append(os.Environ(), "NETCONFPATH="+conf, "CNI_PATH="+cniPath)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	add := func(conf string, ctr *netns.NS) string {
+		t.Helper()
+		out, err := cnitool(conf, "add", name, ctr.Path)
+		if err != nil {
+			t.Fatalf("cnitool add: %v\n%s", err, out)
+		}
+		var r addResult
+		if err := json.Unmarshal([]byte(out), &r); err != nil || len(r.IPs) != 1 {
+			t.Fatalf("cnitool add printed %q: %v", out, err)
+		}
+		return strings.Split(r.IPs[0].Address, "/")[0]
+	}
+	ctrs := []*netns.NS{netns.New(t, "rcic"), netns.New(t, "rcic"), netns.New(t, "rcic")}
+	var ips []string
+	for _, c := range ctrs {
+		ips = append(ips, add(hlConf, c))
+	}
+	netDir := filepath.Join(dataDir, name)
+	if files, _ := os.ReadDir(netDir); len(files) < 3 {
+		t.Fatalf("host-local's data dir holds %v", files)
+	}
+	ringctl := func(args ...string) run {
+		return ringctlRun(t, nil, append([]string{"--config", filepath.Join(ringConf, name+".conflist")}, args...)...)
+	}
+	// Another owner took the third container's address in the store first.
+	squatter := netConf(map[string]any{"type": "ipam-ring", "host": "node-x", "store": st, "ranges": ranges})
+	squatter = []byte(strings.Replace(string(squatter), `"name":"`+network+`"`, `"name":"`+name+`"`, 1))
+	if _, err := ipamExecErr("ADD", squatter, "squatter", "IP="+ips[2]); err != nil {
+		t.Fatal(err)
+	}
+
+	dry := ringctl("import", "host-local", netDir, "--dry-run")
+	real := ringctl("import", "host-local", netDir)
+	var rep rc.ImportReport
+	if err := json.Unmarshal([]byte(ringctl("import", "host-local", netDir, "--dry-run", "--json").stdout), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if real.code != rc.ExitFindings || dry.code != rc.ExitFindings || dry.stdout != real.stdout+"# dry run: nothing was changed\n" {
+		t.Fatalf("import: exit %d (dry run %d)\ndry run:\n%s\nreal:\n%s%s", real.code, dry.code, dry.stdout, real.stdout, real.stderr)
+	}
+	checkWidth(t, real.stdout)
+	results := map[string]string{}
+	for _, o := range rep.Owners {
+		results[o.Addrs[0].String()] = o.Result
+		if o.Owner.Kind != pool.KindCNI || o.Owner.Network != name || o.Owner.IfName != "eth0" || !strings.HasPrefix(o.Owner.ContainerID, "cnitool-") {
+			t.Errorf("imported owner %+v", o.Owner)
+		}
+	}
+	// (the json dry run ran after the import: the first two are unchanged now)
+	if results[ips[0]] != rc.ImportUnchanged || results[ips[1]] != rc.ImportUnchanged || results[ips[2]] != rc.ImportRefused ||
+		!strings.Contains(strings.Join(strings.Fields(real.stdout), " "), "already in use by cni/"+name+"/squatter/eth0 on host node-x") {
+		t.Fatalf("import results %v\n%s", results, real.stdout)
+	}
+	// The squatter goes; the import finishes the job and then changes nothing.
+	if _, err := ipamExecErr("DEL", squatter, "squatter", ""); err != nil {
+		t.Fatal(err)
+	}
+	if r := ringctl("import", "host-local", netDir); r.code != 0 || strings.Count(r.stdout, "adopted ") != 1 || strings.Count(r.stdout, "unchanged ") != 2 {
+		t.Fatalf("second import: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if r := ringctl("import", "host-local", netDir); r.code != 0 || strings.Count(r.stdout, "unchanged ") != 3 {
+		t.Fatalf("third import: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+
+	// The conflist now names ipam-ring: CHECK passes for the same
+	// containers with the same addresses (prevResult is host-local's).
+	for i, c := range ctrs {
+		if out, err := cnitool(ringConf, "check", name, c.Path); err != nil {
+			t.Fatalf("cnitool check of container %d (%s) on ipam-ring: %v\n%s", i, ips[i], err, out)
+		}
+	}
+	// New ADDs never reuse them.
+	for range 3 {
+		if ip := add(ringConf, netns.New(t, "rcin")); slices.Contains(ips, ip) {
+			t.Fatalf("a new container got %s, an imported address (%v)", ip, ips)
+		}
+	}
+	// DEL releases them.
+	if out, err := cnitool(ringConf, "del", name, ctrs[0].Path); err != nil {
+		t.Fatalf("cnitool del: %v\n%s", err, out)
+	}
+	var rows []rc.AddrRow
+	json.Unmarshal([]byte(ringctl("ls", "--json").stdout), &rows)
+	held := map[string]bool{}
+	for _, r := range rows {
+		held[r.Addr.String()] = true
+	}
+	if held[ips[0]] || !held[ips[1]] || !held[ips[2]] || len(rows) != 5 {
+		t.Fatalf("after DEL of the first container the store holds %v, imported %v", held, ips)
+	}
+	if r := ringctl("check"); r.code != 0 {
+		t.Fatalf("check after the migration: %s%s", r.stdout, r.stderr)
+	}
 }

@@ -179,8 +179,10 @@ func importOne(ctx context.Context, a *pool.Allocator, cfg *ipamring.Config, own
 	_, err = a.Allocate(ctx, pool.Request{Owner: owner, Wants: wants, Defs: defs})
 	var inUse *pool.InUseError
 	switch {
+	case errors.As(err, &inUse) && inUse.Name != "":
+		return refuse("%s is already in use by reservation %s (a hold)", inUse.Addr, inUse.Name)
 	case errors.As(err, &inUse):
-		return refuse("%v", inUse)
+		return refuse("%s is already in use by %s on host %s", inUse.Addr, inUse.Holder, inUse.Host)
 	case err != nil:
 		return refuse("%v", err)
 	}

@@ -277,7 +277,9 @@ func RenderImport(w io.Writer, r ImportReport) {
 		if o.Detail != "" {
 			line += "; " + o.Detail
 		}
-		p.line("%s", line)
+		for _, l := range wrap(line, MaxColumns, "    ") {
+			p.line("%s", l)
+		}
 	}
 	for _, i := range r.Ignored {
 		p.line("# ignored %s", i)
@@ -329,6 +331,9 @@ func RenderExplain(w io.Writer, e Explanation) {
 // wrap breaks s at spaces into lines of at most n columns, continuation
 // lines starting with indent.
 func wrap(s string, n int, indent string) []string {
+	if len([]rune(s)) <= n {
+		return []string{s} // fits: spacing kept as it is
+	}
 	var out []string
 	line := ""
 	for _, word := range strings.Fields(s) {
