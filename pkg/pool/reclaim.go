@@ -35,6 +35,9 @@ type ReclaimReport struct {
 	Handed     int // free holes given to the caller (ToCaller)
 	Orphaned   time.Time
 	AlreadyWas bool // the host had been reclaimed before (nothing of its old view was left)
+	// TombstonedPools and ReleasedOwners name what Pools and Released count.
+	TombstonedPools []string
+	ReleasedOwners  []Allocation
 }
 
 // Reclaim takes a host's space back (rmpeer, or orphaning by Sweep):
@@ -112,6 +115,7 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 		}
 		if changed {
 			rep.Pools++
+			rep.TombstonedPools = append(rep.TombstonedPools, p)
 		}
 	}
 	// 2. Release the owners of its old view.
@@ -155,6 +159,7 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 		}
 		if released {
 			rep.Released++
+			rep.ReleasedOwners = append(rep.ReleasedOwners, rec)
 		}
 	}
 	// 3. Hand the free space over.
@@ -206,11 +211,8 @@ func (a *Allocator) Sweep(ctx context.Context, orphanAfter time.Duration) ([]Rec
 	var out []ReclaimReport
 	var errs []error
 	for _, h := range hosts {
-		if h.State != HostOrphaned || h.Name == a.host {
-			continue
-		}
-		if !h.OrphanedAt.IsZero() && h.Ranges == 0 && h.Used == 0 {
-			continue // reclaimed before, nothing new
+		if !sweepable(h, a.host) {
+			continue // not orphaned, or reclaimed before with nothing new
 		}
 		rep, err := a.Reclaim(ctx, h.Name, ReclaimOptions{})
 		if err != nil {

@@ -1,0 +1,305 @@
+package pool
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/ringipam/ringipam/pkg/store"
+)
+
+// Invariants Audit checks, one name each (Violation.Invariant).
+const (
+	// InvTwoOwners: no address is listed by two owner records.
+	InvTwoOwners = "two-owners"
+	// InvRingCover: every pool's ring covers the pool exactly once (tokens
+	// in order, the first at the pool's start, none outside it).
+	InvRingCover = "ring-cover"
+	// InvNotInPool: every held address is one its pool hands out.
+	InvNotInPool = "not-in-pool"
+	// InvOutsideRange: every address is held in a range its host owns, and
+	// an owner record's host is the host its address keys name.
+	InvOutsideRange = "outside-range"
+	// InvTombstoned: an address in a tombstoned range is only ever a
+	// reservation's hold; an owner still holding one there is a release
+	// that reclaiming did not finish.
+	InvTombstoned = "tombstoned"
+	// InvRecords: owner records, reservation records and address keys
+	// agree: each address key names an owner whose record lists it (or a
+	// reservation that lists it), and each record's addresses are held by
+	// it.
+	InvRecords = "records-disagree"
+	// InvOverlap: no two pools overlap (unless one is isolated), and the
+	// pool registry lists every recorded pool.
+	InvOverlap = "pool-overlap"
+	// InvHostCount: each host's used count in a pool is the number of
+	// addresses its owners hold there.
+	InvHostCount = "host-count"
+	// InvCorrupt: every record can be read.
+	InvCorrupt = "corrupt"
+)
+
+// Violation is one broken invariant found by Audit.
+type Violation struct {
+	Invariant string `json:"invariant"`
+	Pool      string `json:"pool,omitempty"`
+	Detail    string `json:"detail"`
+}
+
+func (v Violation) String() string {
+	if v.Pool == "" {
+		return v.Invariant + ": " + v.Detail
+	}
+	return v.Invariant + ": pool " + v.Pool + ": " + v.Detail
+}
+
+// Audit reads the whole store and returns every violated invariant (the
+// Inv* constants), sorted; nil when all hold. Unlike Check it looks across
+// pools (overlaps, an address listed by two owners, the registry) and at
+// reservation holds. It reads everything and changes nothing: it is for
+// operators (ringctl check) and tests.
+func (a *Allocator) Audit(ctx context.Context) ([]Violation, error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	if err := a.ensureLayout(ctx); err != nil {
+		return nil, err
+	}
+	scan := func(prefix string) ([]store.KV, error) {
+		return a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
+	}
+	var out []Violation
+	bad := func(inv, pool, format string, args ...any) {
+		out = append(out, Violation{Invariant: inv, Pool: pool, Detail: fmt.Sprintf(format, args...)})
+	}
+
+	// Pools and their rings.
+	defKVs, err := scan(prefixDef)
+	if err != nil {
+		return nil, err
+	}
+	defs := map[string]Def{}
+	rings := map[string]ring{}
+	var names []string
+	for _, kv := range defKVs {
+		name := strings.TrimPrefix(kv.Key, prefixDef)
+		d, err := parseDef(name, kv.Value)
+		if err != nil {
+			bad(InvCorrupt, name, "definition: %v", err)
+			continue
+		}
+		if _, err := d.Normalize(); err != nil {
+			bad(InvCorrupt, name, "definition is not valid: %v", err)
+			continue
+		}
+		defs[name] = d
+		names = append(names, name)
+	}
+	for _, name := range names {
+		g, err := a.st.Get(ctx, ringKey(name))
+		if err != nil {
+			return nil, err
+		}
+		r, err := decodeRing(defs[name], g[0])
+		if err != nil {
+			bad(InvRingCover, name, "%v", err)
+			continue
+		}
+		if err := r.check(); err != nil {
+			bad(InvRingCover, name, "the ring does not cover the pool exactly once: %v", err)
+			continue
+		}
+		rings[name] = r
+	}
+
+	// Overlaps, from the definitions themselves, and the registry.
+	for i, p := range names {
+		for _, q := range names[i+1:] {
+			if x, y, ok := overlap(registeredOf(defs[p]), registeredOf(defs[q])); ok && !defs[p].Isolated && !defs[q].Isolated {
+				bad(InvOverlap, "", "pools %s (%s) and %s (%s) overlap and neither is isolated", p, x, q, y)
+			}
+		}
+	}
+	regKV, err := a.st.Get(ctx, registryKey)
+	if err != nil {
+		return nil, err
+	}
+	if reg, err := decodeRegistry(regKV[0]); err != nil {
+		bad(InvCorrupt, "", "%v", err)
+	} else {
+		listed := map[string]bool{}
+		for _, p := range reg.Pools {
+			listed[p.Name] = true
+		}
+		for _, name := range names {
+			if !listed[name] {
+				bad(InvOverlap, name, "the pool is recorded but missing from the pool registry, so overlaps with it go unnoticed")
+			}
+		}
+	}
+
+	// Owner records, and who lists each address.
+	ownerKVs, err := scan(prefixOwner)
+	if err != nil {
+		return nil, err
+	}
+	type poolAddr struct {
+		pool string
+		addr netip.Addr
+	}
+	recs := map[string]Allocation{}
+	listedBy := map[poolAddr][]string{}
+	for _, kv := range ownerKVs {
+		var rec Allocation
+		if err := json.Unmarshal(kv.Value, &rec); err != nil {
+			bad(InvCorrupt, "", "%s: %v", kv.Key, err)
+			continue
+		}
+		o := rec.Owner.String()
+		if ownerKeyOf(o) != kv.Key {
+			bad(InvRecords, "", "%s holds the record of owner %s", kv.Key, o)
+		}
+		recs[o] = rec
+		for _, x := range rec.Addrs {
+			pa := poolAddr{x.Pool, x.Addr}
+			listedBy[pa] = append(listedBy[pa], o)
+			if _, ok := defs[x.Pool]; !ok {
+				bad(InvRecords, x.Pool, "%s lists %s in a pool that is not recorded", o, x.Addr)
+			}
+		}
+	}
+	for pa, owners := range listedBy {
+		if len(owners) > 1 {
+			slices.Sort(owners)
+			bad(InvTwoOwners, pa.pool, "%s is listed by %d owners: %s", pa.addr, len(owners), strings.Join(owners, ", "))
+		}
+	}
+
+	// Reservations.
+	resvKVs, err := scan(prefixResv)
+	if err != nil {
+		return nil, err
+	}
+	resvs := map[string]reservation{}
+	for _, kv := range resvKVs {
+		var r reservation
+		if err := json.Unmarshal(kv.Value, &r); err != nil {
+			bad(InvCorrupt, "", "%s: %v", kv.Key, err)
+			continue
+		}
+		resvs[kv.Key] = r
+	}
+
+	// Address keys against rings, owners and reservations.
+	addrKVs, err := scan(prefixAddr)
+	if err != nil {
+		return nil, err
+	}
+	holderOf := map[poolAddr]string{}
+	count := map[string]map[string]uint64{} // pool -> host -> owner-held addresses
+	for _, kv := range addrKVs {
+		h, ok := heldOf(kv)
+		if !ok {
+			bad(InvCorrupt, "", "unparsable address key %s", kv.Key)
+			continue
+		}
+		d, known := defs[h.Pool]
+		if !known {
+			bad(InvRecords, h.Pool, "%s is held in a pool that is not recorded", h.Addr)
+			continue
+		}
+		who := h.Owner
+		if h.Hold != nil {
+			who = "the hold of reservation " + h.Hold.Reservation
+		}
+		holderOf[poolAddr{h.Pool, h.Addr}] = h.Owner
+		if h.Hold == nil {
+			if count[h.Pool] == nil {
+				count[h.Pool] = map[string]uint64{}
+			}
+			count[h.Pool][h.Host]++
+		}
+		if !d.Contains(h.Addr) {
+			bad(InvNotInPool, h.Pool, "%s is held by %s but is not an address the pool hands out", h.Addr, who)
+		}
+		if r, ok := rings[h.Pool]; ok && d.is4() == h.Addr.Is4() {
+			t := r.ownerOf(toU128(h.Addr))
+			switch {
+			case t.Host != h.Host:
+				bad(InvOutsideRange, h.Pool, "%s is held by %s on host %s but lies in a range of %s", h.Addr, who, hostName(h.Host), hostName(t.Host))
+			case t.Tomb && h.Hold == nil:
+				bad(InvTombstoned, h.Pool, "%s is held by %s in a tombstoned range of %s: reclaiming left it behind (run ringctl rmpeer %s again)", h.Addr, who, hostName(h.Host), h.Host)
+			}
+		}
+		if h.Hold != nil {
+			r, ok := resvs[resvKey(h.Hold.Kind, h.Hold.Network, h.Hold.Reservation)]
+			if !ok || !slices.ContainsFunc(r.Addrs, func(x Assigned) bool { return x.Pool == h.Pool && x.Addr == h.Addr }) {
+				bad(InvRecords, h.Pool, "%s is held for reservation %s (%s network %s), which does not list it", h.Addr, h.Hold.Reservation, h.Hold.Kind, h.Hold.Network)
+			}
+			continue
+		}
+		rec, ok := recs[h.Owner]
+		switch {
+		case !ok:
+			bad(InvRecords, h.Pool, "%s is held by %s, which has no owner record", h.Addr, h.Owner)
+		case !slices.ContainsFunc(rec.Addrs, func(x Assigned) bool { return x.Pool == h.Pool && x.Addr == h.Addr }):
+			bad(InvRecords, h.Pool, "%s is held by %s, whose record does not list it", h.Addr, h.Owner)
+		case rec.Host != h.Host:
+			bad(InvOutsideRange, h.Pool, "%s is held on host %s but its owner %s was allocated on host %s", h.Addr, hostName(h.Host), h.Owner, hostName(rec.Host))
+		}
+	}
+	for o, rec := range recs {
+		for _, x := range rec.Addrs {
+			if _, ok := defs[x.Pool]; !ok {
+				continue
+			}
+			if got, ok := holderOf[poolAddr{x.Pool, x.Addr}]; !ok {
+				bad(InvRecords, x.Pool, "%s lists %s, but no address key holds it", o, x.Addr)
+			} else if got != o {
+				bad(InvRecords, x.Pool, "%s lists %s, but the address key names %s", o, x.Addr, describeHolder(got))
+			}
+		}
+	}
+
+	// Host counts.
+	hostKVs, err := scan(prefixHost)
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range hostKVs {
+		pool, host, ok := strings.Cut(strings.TrimPrefix(kv.Key, prefixHost), "/")
+		if !ok {
+			bad(InvCorrupt, "", "unparsable host state key %s", kv.Key)
+			continue
+		}
+		var hs hostState
+		if err := json.Unmarshal(kv.Value, &hs); err != nil {
+			bad(InvCorrupt, pool, "%s: %v", kv.Key, err)
+			continue
+		}
+		if n := count[pool][host]; hs.Used != n {
+			bad(InvHostCount, pool, "host %s counts %d used addresses but its owners hold %d", host, hs.Used, n)
+		}
+	}
+	slices.SortFunc(out, func(x, y Violation) int {
+		return cmp.Or(cmp.Compare(x.Invariant, y.Invariant), cmp.Compare(x.Pool, y.Pool), cmp.Compare(x.Detail, y.Detail))
+	})
+	return slices.Compact(out), nil
+}
+
+func hostName(h string) string {
+	if h == "" {
+		return "nobody (unowned)"
+	}
+	return h
+}
+
+func describeHolder(owner string) string {
+	if owner == "" {
+		return "a reservation's hold"
+	}
+	return owner
+}
