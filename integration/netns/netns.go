@@ -7,9 +7,10 @@
 // parallel and repeated runs never collide. The package needs root and the
 // iproute2 "ip" command; RequireRoot skips a test that lacks them.
 //
-// DialContext connects from inside a namespace, and Forward relays a
-// loopback port of the test process to a server that lives only inside
-// one (both end with the test).
+// DialContext connects from inside a namespace, Forward relays a loopback
+// port of the test process to a server that lives only inside one, and
+// Relay a loopback port inside one to a server of the test process (both
+// relays end with the test).
 //
 // Safe for concurrent use: each NS is immutable after New.
 package netns
@@ -173,6 +174,36 @@ func (n *NS) Forward(t testing.TB, target string) string {
 	if err != nil {
 		t.Fatalf("forward to %s in %s: %v", target, n.Name, err)
 	}
+	serveRelay(t, l, func(ctx context.Context) (net.Conn, error) { return n.DialContext(ctx, "tcp", target) })
+	return l.Addr().String()
+}
+
+// Relay is Forward the other way round: it listens on a free loopback port
+// inside n and relays every connection to target ("ip:port"), dialled from
+// the test's own namespace, so that processes living in n (a CNI plugin a
+// runtime in n starts, say) reach a server of the test (its etcd). The
+// listener and every relayed connection are closed when the test ends. It
+// returns the address inside n ("127.0.0.1:port").
+func (n *NS) Relay(t testing.TB, target string) string {
+	t.Helper()
+	var l net.Listener
+	if err := n.Do(func() error {
+		var err error
+		l, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}); err != nil {
+		t.Fatalf("relay in %s to %s: %v", n.Name, target, err)
+	}
+	serveRelay(t, l, func(ctx context.Context) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", target)
+	})
+	return l.Addr().String()
+}
+
+// serveRelay accepts connections on l until the test ends and carries each
+// to a connection dial makes (bounded by forwardDialTimeout); a failed dial
+// closes the accepted connection.
+func serveRelay(t testing.TB, l net.Listener, dial func(ctx context.Context) (net.Conn, error)) {
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{}
 	track := func(c net.Conn, on bool) bool {
@@ -202,7 +233,7 @@ func (n *NS) Forward(t testing.TB, target string) string {
 	relay := func(in net.Conn) {
 		defer wg.Done()
 		ctx, cancel := context.WithTimeout(context.Background(), forwardDialTimeout)
-		out, err := n.DialContext(ctx, "tcp", target)
+		out, err := dial(ctx)
 		cancel()
 		if err != nil || !track(in, true) {
 			in.Close()
@@ -243,5 +274,4 @@ func (n *NS) Forward(t testing.TB, target string) string {
 			go relay(c)
 		}
 	}()
-	return l.Addr().String()
 }
