@@ -23,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -58,28 +59,36 @@ type network struct {
 	name    string
 	bridge  string         // the bridge's name on the node
 	subnet  string         // the pool's one range
-	store   map[string]any // ipam-ring's and portmap-ingress's store
+	store   map[string]any // the plugins' store, unless etcd is set
+	etcd    string         // the test's etcd ("host:port"), reached through a relay in the node
+	prefix  string         // the etcd key prefix
 	ipam    map[string]any // further ipam keys (reservationFromPod, ...)
 	portmap bool
 }
 
-// conflist is net's configuration list for node host, as an operator
-// would write it for containerd 1.6 (CNI 1.0.0: its libcni knows no
-// 1.1.0).
-func (net network) conflist(host string) map[string]any {
-	ipam := map[string]any{"type": "ipam-ring", "host": host, "store": net.store, "timeout": "50s",
-		"ranges": [][]map[string]string{{{"subnet": net.subnet}}}, "routes": []map[string]string{{"dst": "0.0.0.0/0"}}}
-	for k, v := range net.ipam {
-		ipam[k] = v
+// on returns, for startNode, net's configuration list on node host, as an
+// operator would write it for containerd 1.6 (CNI 1.0.0: its libcni knows
+// no 1.1.0).
+func (net network) on(t *testing.T, host string) func(ns *netns.NS) map[string]any {
+	return func(ns *netns.NS) map[string]any {
+		st := net.store
+		if net.etcd != "" {
+			st = map[string]any{"type": "etcd", "endpoints": []string{"http://" + ns.Relay(t, net.etcd)}, "prefix": net.prefix}
+		}
+		ipam := map[string]any{"type": "ipam-ring", "host": host, "store": st, "timeout": "50s",
+			"ranges": [][]map[string]string{{{"subnet": net.subnet}}}, "routes": []map[string]string{{"dst": "0.0.0.0/0"}}}
+		for k, v := range net.ipam {
+			ipam[k] = v
+		}
+		plugins := []map[string]any{{"type": "bridge", "bridge": net.bridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
+			"capabilities": map[string]bool{"io.kubernetes.cri.pod-annotations": true}, "ipam": ipam}}
+		if net.portmap {
+			plugins = append(plugins, map[string]any{"type": "portmap-ingress", "host": host, "store": st, "timeout": "50s",
+				"capabilities": map[string]bool{"portMappings": true, "io.kubernetes.cri.pod-annotations": true}})
+		}
+		plugins = append(plugins, map[string]any{"type": "ipam-ring", "chained": true, "ipam": ipam})
+		return map[string]any{"cniVersion": "1.0.0", "name": net.name, "plugins": plugins}
 	}
-	plugins := []map[string]any{{"type": "bridge", "bridge": net.bridge, "isGateway": true, "ipMasq": false, "hairpinMode": true,
-		"capabilities": map[string]bool{"io.kubernetes.cri.pod-annotations": true}, "ipam": ipam}}
-	if net.portmap {
-		plugins = append(plugins, map[string]any{"type": "portmap-ingress", "host": host, "store": net.store, "timeout": "50s",
-			"capabilities": map[string]bool{"portMappings": true, "io.kubernetes.cri.pod-annotations": true}})
-	}
-	plugins = append(plugins, map[string]any{"type": "ipam-ring", "chained": true, "ipam": ipam})
-	return map[string]any{"cniVersion": "1.0.0", "name": net.name, "plugins": plugins}
 }
 
 func localStore(t *testing.T) map[string]any {
@@ -141,7 +150,7 @@ func held(t *testing.T, st map[string]any, host, network string) map[string][]st
 func TestPodsOnSmallPool(t *testing.T) {
 	requireContainerd(t)
 	net := network{name: netns.Unique("cri-"), bridge: "cri0", subnet: "198.18.60.0/27", store: localStore(t)}
-	n := startNode(t, "node-a", net.conflist("node-a"))
+	n := startNode(t, "node-a", net.on(t, "node-a"))
 	for round := range 2 {
 		var cfgs []*runtimeapi.PodSandboxConfig
 		for i := range 20 {
@@ -162,5 +171,144 @@ func TestPodsOnSmallPool(t *testing.T) {
 		if h := held(t, net.store, n.name, net.name); len(h) != 0 {
 			t.Fatalf("round %d: after stop and remove the store still holds %v", round, h)
 		}
+	}
+}
+
+// podCalls returns the recorded calls for sandbox id: of ipam-ring
+// delegated by bridge, and of portmap-ingress.
+func podCalls(calls []pluginCall, id string) (ipam, portmap []pluginCall) {
+	for _, c := range calls {
+		switch {
+		case c.ContainerID != id:
+		case c.Delegated():
+			ipam = append(ipam, c)
+		case c.Plugin == "portmap-ingress":
+			portmap = append(portmap, c)
+		}
+	}
+	return ipam, portmap
+}
+
+// commands is the commands of calls with "+netns" or "-netns" and the
+// CNI error code when it failed: "ADD+netns", "DEL-netns", "ADD+netns=100".
+func commands(calls []pluginCall) []string {
+	var out []string
+	for _, c := range calls {
+		s := c.Command + "+netns"
+		if c.Netns == "" {
+			s = c.Command + "-netns"
+		}
+		if c.RC != 0 {
+			s += fmt.Sprintf("=%d", c.Code)
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+// Must-show 2: with reservationFromPod, a pod deleted and recreated with
+// the same namespace/name gets its address back, while another pod asking
+// for that address (annotation ringipam.io/ip) is refused naming the
+// reservation; a second sandbox of the live pod is refused too, and the
+// DEL containerd sends right after each refused ADD leaves the holder
+// alone. The recorder shows what containerd sent.
+func TestPodKeepsAddress(t *testing.T) {
+	requireContainerd(t)
+	net := network{name: netns.Unique("crr-"), bridge: "cri1", subnet: "198.18.61.0/27", store: localStore(t),
+		ipam: map[string]any{"reservationFromPod": true}}
+	n := startNode(t, "node-a", net.on(t, "node-a"))
+
+	db, err := n.run(podConfig("db", "db-0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkPods(t, n, net.subnet, []pod{db})
+
+	// The same pod again (a new UID, as a kubelet retry or a StatefulSet
+	// racing its own deletion would make) while the first sandbox lives.
+	_, err = n.run(podConfig("db", "db-0"))
+	if err == nil || !strings.Contains(err.Error(), "already in use") || !strings.Contains(err.Error(), "db/db-0") {
+		t.Fatalf("second sandbox of live db/db-0: %v, want already in use naming the reservation", err)
+	}
+	t.Logf("second sandbox of db/db-0 refused: %v", err)
+	if h := held(t, net.store, n.name, net.name); len(h) != 1 || !slices.Equal(h[db.ID], []string{db.IP}) {
+		t.Fatalf("after the refused sandbox the store holds %v, want %s for %s only", h, db.IP, db.ID)
+	}
+	checkPods(t, n, net.subnet, []pod{db})
+
+	if err := n.remove(db); err != nil {
+		t.Fatal(err)
+	}
+	if h := held(t, net.store, n.name, net.name); len(h) != 0 {
+		t.Fatalf("after stop and remove the store holds %v", h)
+	}
+
+	// Another pod asking for db-0's address is refused while it is held.
+	_, err = n.run(podConfigAnnotated("default", "thief", map[string]string{"ringipam.io/ip": db.IP}))
+	if err == nil || !strings.Contains(err.Error(), db.IP+" in pool "+net.name+"-0 is held for reservation db/db-0") {
+		t.Fatalf("pod asking for %s held for db/db-0: %v, want it refused naming the reservation", db.IP, err)
+	}
+	t.Logf("pod asking for the held address refused: %v", err)
+	// A pod asking for a free address gets it; one asking for nothing gets
+	// another than the held one.
+	want := "198.18.61.20"
+	fixed, err := n.run(podConfigAnnotated("default", "fixed", map[string]string{"ringipam.io/ip": want}))
+	if err != nil || fixed.IP != want {
+		t.Fatalf("pod asking for free %s: %+v, %v", want, fixed, err)
+	}
+	other, err := n.run(podConfig("default", "other"))
+	if err != nil || other.IP == db.IP {
+		t.Fatalf("pod asking for nothing: %+v, %v (db-0's held address is %s)", other, err, db.IP)
+	}
+
+	// The recreated pod gets its address back.
+	again, err := n.run(podConfig("db", "db-0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.IP != db.IP {
+		t.Fatalf("recreated db/db-0 got %s, had %s", again.IP, db.IP)
+	}
+	checkPods(t, n, net.subnet, []pod{again, fixed, other})
+
+	// What containerd sent: K8S_* in CNI_ARGS, no "ips" capability; for the
+	// first db-0 an ADD, a DEL at stop with the netns and a DEL at remove
+	// without; for every refused sandbox a DEL right after the failed ADD.
+	calls := n.calls(t)
+	ipam, _ := podCalls(calls, db.ID)
+	if got := commands(ipam); !slices.Equal(got, []string{"ADD+netns", "DEL+netns", "DEL-netns"}) {
+		t.Errorf("ipam-ring calls for db-0's first sandbox: %v, want ADD with netns, DEL with netns (stop), DEL without (remove)", got)
+	}
+	for _, c := range ipam {
+		for _, kv := range []string{"K8S_POD_NAMESPACE=db", "K8S_POD_NAME=db-0", "IgnoreUnknown=1"} {
+			if !slices.Contains(strings.Split(c.Args, ";"), kv) {
+				t.Errorf("%s of db-0: CNI_ARGS %q lacks %s", c.Command, c.Args, kv)
+			}
+		}
+		if _, ok := c.RuntimeConfig()["ips"]; ok {
+			t.Errorf("%s of db-0: containerd sent an ips capability: %v", c.Command, c.RuntimeConfig())
+		}
+	}
+	failed := 0
+	for i, c := range calls {
+		if !c.Delegated() || c.Command != "ADD" || c.RC == 0 {
+			continue
+		}
+		failed++
+		if c.Code != 100 {
+			t.Errorf("failed ADD of %s: CNI code %d, want 100 (already in use)", c.ContainerID, c.Code)
+		}
+		var next []string
+		for _, d := range calls[i+1:] {
+			if d.ContainerID == c.ContainerID && d.Delegated() {
+				next = append(next, d.Command)
+			}
+		}
+		if len(next) == 0 || next[0] != "DEL" {
+			t.Errorf("failed ADD of %s (code %d) was followed by %v, want a DEL", c.ContainerID, c.RC, next)
+		}
+	}
+	if failed != 2 {
+		t.Errorf("recorded %d failed ADDs, want 2 (second db-0 sandbox, thief)", failed)
 	}
 }

@@ -69,10 +69,11 @@ type node struct {
 func (n *node) sock() string { return filepath.Join(n.dir, "c.sock") }
 
 // startNode starts a node named name whose CNI configuration is the
-// conflist conf (containerd's conf_dir holds only it). It is stopped when
-// the test ends: every sandbox is stopped and removed through CRI first,
-// so that a teardown failure shows as a test error.
-func startNode(t *testing.T, name string, conf map[string]any) *node {
+// conflist conf returns (containerd's conf_dir holds only it); conf is
+// called once the node's network namespace exists. The node is stopped
+// when the test ends: every sandbox is stopped and removed through CRI
+// first, so that a teardown failure shows as a test error.
+func startNode(t *testing.T, name string, conf func(ns *netns.NS) map[string]any) *node {
 	t.Helper()
 	requireContainerd(t)
 	n := &node{name: name, ns: netns.New(t, "crin"), exited: make(chan struct{})}
@@ -83,19 +84,25 @@ func startNode(t *testing.T, name string, conf map[string]any) *node {
 	}
 	n.dir = dir
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	for _, d := range []string{"root", "state", "shim", "cnicache", "locks", "cni/bin", "cni/conf"} {
+	for _, d := range []string{"root", "state", "shim", "cnicache", "locks", "calls", "cni/bin", "cni/conf"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
-	links := map[string]string{"bridge": cnitest.RefBin(t, "bridge"), "loopback": cnitest.RefBin(t, "loopback"),
-		"ipam-ring": cnitest.IPAMBin, "portmap-ingress": portmapBin}
+	links := map[string]string{"bridge": cnitest.RefBin(t, "bridge"), "loopback": cnitest.RefBin(t, "loopback")}
 	for name, target := range links {
 		if err := os.Symlink(target, filepath.Join(dir, "cni/bin", name)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	b, err := json.MarshalIndent(conf, "", "  ")
+	// Our plugins run behind a recorder (see calls).
+	for name, target := range map[string]string{"ipam-ring": cnitest.IPAMBin, "portmap-ingress": portmapBin} {
+		script := fmt.Sprintf(recorderScript, filepath.Join(dir, "calls"), name, target)
+		if err := os.WriteFile(filepath.Join(dir, "cni/bin", name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := json.MarshalIndent(conf(n.ns), "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -308,6 +315,88 @@ func (n *node) logTail() string {
 	return strings.Join(lines, "\n")
 }
 
+// recorderScript stands in for a plugin (%[3]s) in the node's CNI bin
+// directory: it writes what the runtime passed (command, container ID,
+// netns, CNI_ARGS, stdin), the plugin's stdout and its exit code to files
+// in %[1]s, named so that they sort by time, and passes stdin, stdout and
+// the exit code through.
+const recorderScript = `#!/bin/sh
+f="%[1]s/$(date +%%s%%N).$$.%[2]s"
+in=$(cat)
+printf '%%s\n%%s\n%%s\n%%s\n%%s\n' "$CNI_COMMAND" "$CNI_CONTAINERID" "$CNI_NETNS" "$CNI_ARGS" "$in" > "$f.call"
+printf '%%s' "$in" | %[3]q > "$f.out"
+rc=$?
+echo $rc > "$f.rc"
+cat "$f.out"
+exit $rc
+`
+
+// pluginCall is one recorded plugin invocation.
+type pluginCall struct {
+	Plugin      string // ipam-ring or portmap-ingress
+	Command     string // ADD, DEL, CHECK, ...
+	ContainerID string
+	Netns       string
+	Args        string // CNI_ARGS
+	Stdin       map[string]any
+	RC          int // exit code; -1 while it runs
+	Code        int // the CNI error code the plugin printed, 0 if none
+}
+
+// Delegated reports a call of ipam-ring by the main plugin (its stdin is
+// the main plugin's) rather than as a chained plugin of the list.
+func (c pluginCall) Delegated() bool { return c.Plugin == "ipam-ring" && c.Stdin["type"] != "ipam-ring" }
+
+// RuntimeConfig is the call's runtimeConfig object (nil if none).
+func (c pluginCall) RuntimeConfig() map[string]any {
+	rc, _ := c.Stdin["runtimeConfig"].(map[string]any)
+	return rc
+}
+
+// calls returns the plugin calls recorded so far, oldest first.
+func (n *node) calls(t *testing.T) []pluginCall {
+	t.Helper()
+	dir := filepath.Join(n.dir, "calls")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []pluginCall
+	for _, e := range entries {
+		base, ok := strings.CutSuffix(e.Name(), ".call")
+		if !ok {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.SplitN(string(b), "\n", 5)
+		if len(f) < 5 {
+			t.Fatalf("recorded call %s: %q", e.Name(), b)
+		}
+		c := pluginCall{Plugin: strings.SplitN(base, ".", 3)[2], Command: f[0], ContainerID: f[1], Netns: f[2], Args: f[3], RC: -1}
+		if err := json.Unmarshal([]byte(f[4]), &c.Stdin); err != nil {
+			t.Fatalf("recorded call %s: stdin: %v", e.Name(), err)
+		}
+		if rc, err := os.ReadFile(filepath.Join(dir, base+".rc")); err == nil {
+			c.RC, _ = strconv.Atoi(strings.TrimSpace(string(rc)))
+		}
+		if c.RC > 0 {
+			var e struct {
+				Code int `json:"code"`
+			}
+			b, _ := os.ReadFile(filepath.Join(dir, base+".out"))
+			if json.Unmarshal(b, &e) != nil || e.Code == 0 {
+				t.Errorf("recorded call %s failed (exit %d) without a CNI error: %q", base, c.RC, b)
+			}
+			c.Code = e.Code
+		}
+		out = append(out, c)
+	}
+	return out
+}
+
 // pod is one sandbox the test ran.
 type pod struct {
 	ID        string
@@ -328,6 +417,13 @@ func podConfig(namespace, name string, ports ...*runtimeapi.PortMapping) *runtim
 			NamespaceOptions: &runtimeapi.NamespaceOption{Network: runtimeapi.NamespaceMode_POD, Pid: runtimeapi.NamespaceMode_POD, Ipc: runtimeapi.NamespaceMode_POD},
 		}},
 	}
+}
+
+// podConfigAnnotated is podConfig with pod annotations.
+func podConfigAnnotated(namespace, name string, annotations map[string]string, ports ...*runtimeapi.PortMapping) *runtimeapi.PodSandboxConfig {
+	cfg := podConfig(namespace, name, ports...)
+	cfg.Annotations = annotations
+	return cfg
 }
 
 // run runs a sandbox of cfg and returns it with its IP.
