@@ -345,7 +345,9 @@ type pluginCall struct {
 
 // Delegated reports a call of ipam-ring by the main plugin (its stdin is
 // the main plugin's) rather than as a chained plugin of the list.
-func (c pluginCall) Delegated() bool { return c.Plugin == "ipam-ring" && c.Stdin["type"] != "ipam-ring" }
+func (c pluginCall) Delegated() bool {
+	return c.Plugin == "ipam-ring" && c.Stdin["type"] != "ipam-ring"
+}
 
 // RuntimeConfig is the call's runtimeConfig object (nil if none).
 func (c pluginCall) RuntimeConfig() map[string]any {
