@@ -17,7 +17,9 @@
 package cri
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
@@ -25,6 +27,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -310,5 +313,117 @@ func TestPodKeepsAddress(t *testing.T) {
 	}
 	if failed != 2 {
 		t.Errorf("recorded %d failed ADDs, want 2 (second db-0 sandbox, thief)", failed)
+	}
+}
+
+// clientOf makes a client namespace wired to node n by a veth pair
+// (198.18.63.2 -> the node's 198.18.63.1) and returns it with the node's
+// address.
+func clientOf(t *testing.T, n *node) (*netns.NS, string) {
+	t.Helper()
+	c := netns.New(t, "cric")
+	nv, cv := netns.Unique("criv"), netns.Unique("criv")
+	if out, err := netns.Command("ip", "link", "add", nv, "netns", n.ns.Name, "type", "veth", "peer", "name", cv, "netns", c.Name); err != nil {
+		t.Fatalf("veth: %v: %s", err, out)
+	}
+	n.ns.MustRun(t, "ip", "addr", "add", "198.18.63.1/24", "dev", nv)
+	n.ns.MustRun(t, "ip", "link", "set", nv, "up")
+	c.MustRun(t, "ip", "addr", "add", "198.18.63.2/24", "dev", cv)
+	c.MustRun(t, "ip", "link", "set", cv, "up")
+	return c, "198.18.63.1"
+}
+
+// ask connects from namespace from to addr and returns the line the pod's
+// pause process answers ("pod <hostname>").
+func ask(from *netns.NS, addr string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c, err := from.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line), err
+}
+
+// askUntil is ask retried while the pod's server starts (the sandbox
+// process may not listen yet when RunPodSandbox returns).
+func askUntil(from *netns.NS, addr string) (string, error) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got, err := ask(from, addr)
+		if err == nil || time.Now().After(deadline) {
+			return got, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Must-show 3: a pod's hostPort through portmap-ingress: a client
+// namespace reaches the pod through the node's port; a rival pod asking for
+// the same port is refused and the DEL after its failed ADD leaves the
+// forward alone; after the pod's removal the port is free again, for the
+// next pod. containerd sends the mappings in Go field case.
+func TestHostPort(t *testing.T) {
+	requireContainerd(t)
+	net := network{name: netns.Unique("crp-"), bridge: "cri2", subnet: "198.18.62.0/27", store: localStore(t), portmap: true}
+	n := startNode(t, "node-a", net.on(t, "node-a"))
+	client, nodeAddr := clientOf(t, n)
+	port := &runtimeapi.PortMapping{Protocol: runtimeapi.Protocol_TCP, ContainerPort: 80, HostPort: 38080}
+	target := nodeAddr + ":38080"
+
+	web, err := n.run(podConfig("default", "web", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := askUntil(client, target); err != nil || got != "pod web" {
+		t.Fatalf("client -> %s: %q, %v; want the answer of pod web", target, got, err)
+	}
+
+	_, err = n.run(podConfig("default", "rival", port))
+	if err == nil || !strings.Contains(err.Error(), "38080") {
+		t.Fatalf("rival pod on host port 38080: %v, want refused naming the port", err)
+	}
+	t.Logf("rival refused: %v", err)
+	if got, err := ask(client, target); err != nil || got != "pod web" {
+		t.Fatalf("after the rival's DEL, client -> %s: %q, %v; want pod web still", target, got, err)
+	}
+	if h := held(t, net.store, n.name, net.name); len(h) != 1 || !slices.Equal(h[web.ID], []string{web.IP}) {
+		t.Errorf("after the rival the store holds %v, want web's %s only", h, web.IP)
+	}
+
+	if err := n.remove(web); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ask(client, target); err == nil {
+		t.Fatalf("after web's removal client -> %s still answered %q", target, got)
+	}
+	next, err := n.run(podConfig("default", "next", port))
+	if err != nil {
+		t.Fatalf("host port 38080 after web's removal: %v", err)
+	}
+	if got, err := askUntil(client, target); err != nil || got != "pod next" {
+		t.Fatalf("client -> %s: %q, %v; want the answer of pod next", target, got, err)
+	}
+
+	// What portmap-ingress got from containerd: the mapping in Go field
+	// case, at ADD; DEL at stop and at remove.
+	_, pm := podCalls(n.calls(t), web.ID)
+	if got := commands(pm); !slices.Equal(got, []string{"ADD+netns", "DEL+netns", "DEL-netns"}) {
+		t.Errorf("portmap-ingress calls for web: %v", got)
+	}
+	if len(pm) > 0 {
+		b, _ := json.Marshal(pm[0].RuntimeConfig()["portMappings"])
+		if string(b) != `[{"ContainerPort":80,"HostIP":"","HostPort":38080,"Protocol":"tcp"}]` {
+			t.Errorf("portMappings at ADD: %s", b)
+		}
+	}
+	if err := n.remove(next); err != nil {
+		t.Fatal(err)
+	}
+	if h := held(t, net.store, n.name, net.name); len(h) != 0 {
+		t.Errorf("at the end the store holds %v", h)
 	}
 }
