@@ -20,12 +20,14 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,6 +35,7 @@ import (
 
 	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
+	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/pool"
 )
 
@@ -128,21 +131,15 @@ func checkPods(t *testing.T, n *node, subnet string, pods []pod) {
 }
 
 // held returns the addresses ipam-ring's owners hold on network in the
-// store (pool.List), by container ID.
-func held(t *testing.T, st map[string]any, host, network string) map[string][]string {
+// store st describes (pool.List), by container ID.
+func held(t *testing.T, st map[string]any, network string) map[string][]string {
 	t.Helper()
 	out := map[string][]string{}
-	cnitest.Inspect(t, st, host, func(a *pool.Allocator) {
-		allocs, err := a.List(context.Background(), pool.Filter{Kind: pool.KindCNI, Network: network})
-		if err != nil {
-			t.Fatal(err)
+	for id, al := range allocations(t, st, network) {
+		for _, x := range al.Addrs {
+			out[id] = append(out[id], x.Addr.String())
 		}
-		for _, al := range allocs {
-			for _, x := range al.Addrs {
-				out[al.Owner.ContainerID] = append(out[al.Owner.ContainerID], x.Addr.String())
-			}
-		}
-	})
+	}
 	return out
 }
 
@@ -161,7 +158,7 @@ func TestPodsOnSmallPool(t *testing.T) {
 		}
 		pods := n.runMany(t, 4, cfgs)
 		checkPods(t, n, net.subnet, pods)
-		h := held(t, net.store, n.name, net.name)
+		h := held(t, net.store, net.name)
 		for _, p := range pods {
 			if !slices.Equal(h[p.ID], []string{p.IP}) {
 				t.Errorf("round %d: store holds %v for %s/%s (sandbox %s), containerd says %s", round, h[p.ID], p.Namespace, p.Name, p.ID, p.IP)
@@ -171,7 +168,7 @@ func TestPodsOnSmallPool(t *testing.T) {
 			t.Errorf("round %d: store holds %d owners for %d pods: %v", round, len(h), len(pods), h)
 		}
 		n.removeMany(t, 4, pods)
-		if h := held(t, net.store, n.name, net.name); len(h) != 0 {
+		if h := held(t, net.store, net.name); len(h) != 0 {
 			t.Fatalf("round %d: after stop and remove the store still holds %v", round, h)
 		}
 	}
@@ -234,7 +231,7 @@ func TestPodKeepsAddress(t *testing.T) {
 		t.Fatalf("second sandbox of live db/db-0: %v, want already in use naming the reservation", err)
 	}
 	t.Logf("second sandbox of db/db-0 refused: %v", err)
-	if h := held(t, net.store, n.name, net.name); len(h) != 1 || !slices.Equal(h[db.ID], []string{db.IP}) {
+	if h := held(t, net.store, net.name); len(h) != 1 || !slices.Equal(h[db.ID], []string{db.IP}) {
 		t.Fatalf("after the refused sandbox the store holds %v, want %s for %s only", h, db.IP, db.ID)
 	}
 	checkPods(t, n, net.subnet, []pod{db})
@@ -242,7 +239,7 @@ func TestPodKeepsAddress(t *testing.T) {
 	if err := n.remove(db); err != nil {
 		t.Fatal(err)
 	}
-	if h := held(t, net.store, n.name, net.name); len(h) != 0 {
+	if h := held(t, net.store, net.name); len(h) != 0 {
 		t.Fatalf("after stop and remove the store holds %v", h)
 	}
 
@@ -390,7 +387,7 @@ func TestHostPort(t *testing.T) {
 	if got, err := ask(client, target); err != nil || got != "pod web" {
 		t.Fatalf("after the rival's DEL, client -> %s: %q, %v; want pod web still", target, got, err)
 	}
-	if h := held(t, net.store, n.name, net.name); len(h) != 1 || !slices.Equal(h[web.ID], []string{web.IP}) {
+	if h := held(t, net.store, net.name); len(h) != 1 || !slices.Equal(h[web.ID], []string{web.IP}) {
 		t.Errorf("after the rival the store holds %v, want web's %s only", h, web.IP)
 	}
 
@@ -423,7 +420,104 @@ func TestHostPort(t *testing.T) {
 	if err := n.remove(next); err != nil {
 		t.Fatal(err)
 	}
-	if h := held(t, net.store, n.name, net.name); len(h) != 0 {
+	if h := held(t, net.store, net.name); len(h) != 0 {
 		t.Errorf("at the end the store holds %v", h)
 	}
+}
+
+// Must-show 4: two nodes (two containerd instances, node names node-a and
+// node-b) on one real etcd run pods at the same time on one /26: no two
+// pods share an address, each address is on its pod's eth0, the store
+// names the node of each, and after removal nothing is held. Two rounds,
+// so the second allocates in a ring the first has split between the nodes.
+func TestTwoNodesOneEtcd(t *testing.T) {
+	requireContainerd(t)
+	etcd := testenv.StartEtcd(t)
+	net := network{name: netns.Unique("cr2-"), bridge: "cri3", subnet: "198.18.64.0/26",
+		etcd: strings.TrimPrefix(etcd.Endpoints()[0], "http://"), prefix: "/" + netns.Unique("cr2-") + "/"}
+	nodes := []*node{startNode(t, "node-a", net.on(t, "node-a")), startNode(t, "node-b", net.on(t, "node-b"))}
+	direct := map[string]any{"type": "etcd", "endpoints": etcd.Endpoints(), "prefix": net.prefix}
+	const perNode = 12
+	for round := range 2 {
+		pods := make([][]pod, len(nodes))
+		errs := make([]error, len(nodes))
+		var wg sync.WaitGroup
+		for i, n := range nodes {
+			var cfgs []*runtimeapi.PodSandboxConfig
+			for j := range perNode {
+				cfgs = append(cfgs, podConfig("default", fmt.Sprintf("%s-%d-%d", n.name, round, j)))
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				pods[i], errs[i] = n.runAll(4, cfgs)
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		// Distinct across nodes, and each on its own pod's eth0.
+		owner := map[string]string{}
+		for i, n := range nodes {
+			checkPods(t, n, net.subnet, pods[i])
+			for _, p := range pods[i] {
+				if other, dup := owner[p.IP]; dup {
+					t.Errorf("round %d: %s and %s:%s share %s", round, other, n.name, p.Name, p.IP)
+				}
+				owner[p.IP] = n.name + ":" + p.Name
+			}
+		}
+		allocs := allocations(t, direct, net.name)
+		if len(allocs) != len(nodes)*perNode {
+			t.Errorf("round %d: store holds %d owners, want %d", round, len(allocs), len(nodes)*perNode)
+		}
+		for i, n := range nodes {
+			for _, p := range pods[i] {
+				al, ok := allocs[p.ID]
+				if !ok || al.Host != n.name || len(al.Addrs) != 1 || al.Addrs[0].Addr.String() != p.IP {
+					t.Errorf("round %d: pod %s on %s (%s): store has %+v", round, p.Name, n.name, p.IP, al)
+				}
+			}
+		}
+		byNode := map[string][]string{}
+		for _, al := range allocs {
+			byNode[al.Host] = append(byNode[al.Host], al.Addrs[0].Addr.String())
+		}
+		for _, ips := range byNode {
+			slices.SortFunc(ips, func(a, b string) int { return netip.MustParseAddr(a).Compare(netip.MustParseAddr(b)) })
+		}
+		t.Logf("round %d: %d pods, %d distinct addresses; by node: %v", round, len(allocs), len(owner), byNode)
+		for i, n := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				errs[i] = n.removeAll(4, pods[i])
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			t.Fatal(err)
+		}
+		if allocs := allocations(t, direct, net.name); len(allocs) != 0 {
+			t.Fatalf("round %d: after removal the store holds %v", round, allocs)
+		}
+	}
+}
+
+// allocations returns ipam-ring's allocations on network in the store st
+// describes, by container ID.
+func allocations(t *testing.T, st map[string]any, network string) map[string]pool.Allocation {
+	t.Helper()
+	out := map[string]pool.Allocation{}
+	cnitest.Inspect(t, st, "inspector", func(a *pool.Allocator) {
+		allocs, err := a.List(context.Background(), pool.Filter{Kind: pool.KindCNI, Network: network})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, al := range allocs {
+			out[al.Owner.ContainerID] = al
+		}
+	})
+	return out
 }

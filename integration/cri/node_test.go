@@ -483,46 +483,56 @@ func (n *node) eth0(p pod) ([]string, error) {
 }
 
 // runMany runs the sandboxes of cfgs, at most par at a time, and returns
-// them in the order of cfgs; it fails the test on the first error.
+// them in the order of cfgs; it fails the test on any error.
 func (n *node) runMany(t *testing.T, par int, cfgs []*runtimeapi.PodSandboxConfig) []pod {
 	t.Helper()
-	pods := make([]pod, len(cfgs))
-	errs := make([]error, len(cfgs))
-	sem := make(chan struct{}, par)
-	var wg sync.WaitGroup
-	for i, cfg := range cfgs {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			pods[i], errs[i] = n.run(cfg)
-		}()
-	}
-	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	pods, err := n.runAll(par, cfgs)
+	if err != nil {
 		t.Fatal(err)
 	}
 	return pods
 }
 
-// removeMany stops and removes pods, at most par at a time.
+// runAll is runMany returning the joined errors (for use off the test's
+// goroutine).
+func (n *node) runAll(par int, cfgs []*runtimeapi.PodSandboxConfig) ([]pod, error) {
+	pods := make([]pod, len(cfgs))
+	err := parallel(par, len(cfgs), func(i int) error {
+		var err error
+		pods[i], err = n.run(cfgs[i])
+		return err
+	})
+	return pods, err
+}
+
+// removeMany stops and removes pods, at most par at a time; it fails the
+// test on any error.
 func (n *node) removeMany(t *testing.T, par int, pods []pod) {
 	t.Helper()
-	errs := make([]error, len(pods))
+	if err := n.removeAll(par, pods); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// removeAll is removeMany returning the joined errors.
+func (n *node) removeAll(par int, pods []pod) error {
+	return parallel(par, len(pods), func(i int) error { return n.remove(pods[i]) })
+}
+
+// parallel runs fn(0..count-1), at most par at a time, and joins the errors.
+func parallel(par, count int, fn func(i int) error) error {
+	errs := make([]error, count)
 	sem := make(chan struct{}, par)
 	var wg sync.WaitGroup
-	for i, p := range pods {
+	for i := range count {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			errs[i] = n.remove(p)
+			errs[i] = fn(i)
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
-		t.Fatal(err)
-	}
+	return errors.Join(errs...)
 }
