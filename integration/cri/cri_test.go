@@ -70,6 +70,7 @@ type network struct {
 	prefix  string         // the etcd key prefix
 	ipam    map[string]any // further ipam keys (reservationFromPod, ...)
 	portmap bool
+	version string // the conflist's cniVersion; default 1.0.0
 }
 
 // on returns, for startNode, net's configuration list on node host, as an
@@ -93,7 +94,11 @@ func (net network) on(t *testing.T, host string) func(ns *netns.NS) map[string]a
 				"capabilities": map[string]bool{"portMappings": true, "io.kubernetes.cri.pod-annotations": true}})
 		}
 		plugins = append(plugins, map[string]any{"type": "ipam-ring", "chained": true, "ipam": ipam})
-		return map[string]any{"cniVersion": "1.0.0", "name": net.name, "plugins": plugins}
+		version := net.version
+		if version == "" {
+			version = "1.0.0"
+		}
+		return map[string]any{"cniVersion": version, "name": net.name, "plugins": plugins}
 	}
 }
 
@@ -520,4 +525,33 @@ func allocations(t *testing.T, st map[string]any, network string) map[string]poo
 		}
 	})
 	return out
+}
+
+// A conflist at CNI 1.1.0 fails every pod on containerd 1.6 (its libcni
+// cannot read a 1.1.0 result) after ipam-ring has allocated: the DEL that
+// follows the failed ADD must release it, or each kubelet retry would leak
+// an address.
+func TestUnsupportedVersionLeaksNothing(t *testing.T) {
+	requireContainerd(t)
+	net := network{name: netns.Unique("crv-"), bridge: "cri4", subnet: "198.18.65.0/28", store: localStore(t), version: "1.1.0"}
+	n := startNode(t, "node-a", net.on(t, "node-a"))
+	for i := range 3 {
+		_, err := n.run(podConfig("default", fmt.Sprintf("web-%d", i)))
+		if err == nil || !strings.Contains(err.Error(), `unsupported CNI result version "1.1.0"`) {
+			t.Fatalf("pod on a 1.1.0 conflist: %v, want containerd's unsupported result version", err)
+		}
+	}
+	if h := held(t, net.store, net.name); len(h) != 0 {
+		t.Fatalf("after 3 failed pods the store holds %v", h)
+	}
+	var delegated []pluginCall
+	for _, c := range n.calls(t) {
+		if c.Delegated() {
+			delegated = append(delegated, c)
+		}
+	}
+	got := commands(delegated)
+	if want := slices.Repeat([]string{"ADD+netns", "DEL+netns"}, 3); !slices.Equal(got, want) {
+		t.Errorf("ipam-ring calls %v, want %v: each ADD succeeded (an address was allocated) and a DEL followed", got, want)
+	}
 }
