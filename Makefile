@@ -22,7 +22,7 @@ BIN           := $(CURDIR)/bin
 # daemons and network namespaces on a 2-core machine.
 INTEGRATION_TIMEOUT ?= 25m
 BENCHTIME     ?= 1s
-BENCH_TIMEOUT ?= 20m
+BENCH_TIMEOUT ?= 45m
 BENCH         ?= .
 
 # Main packages: plugins/<name> -> bin/<name>, cmd/<name> -> bin/<name>,

@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
@@ -91,19 +90,10 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.StringVar(&cfg.Name, "name", cfg.Name, "plugin name: the socket is <plugin-dir>/<name>.sock, networks use --ipam-driver <name>")
 	fs.StringVar(&cfg.PluginDir, "plugin-dir", cfg.PluginDir, "directory dockerd discovers plugin sockets in")
 	fs.StringVar(&cfg.Host, "host", cfg.Host, "this host's stable name in the ring (default: the machine's hostname)")
-	fs.StringVar(&cfg.Store.Type, "store", cfg.Store.Type, "state store: local or etcd")
-	fs.StringVar(&cfg.Store.Path, "store-path", cfg.Store.Path, "local store: bbolt file (default /var/lib/ringipam/store.db)")
-	fs.Var((*durationFlag)(&cfg.Store.OpenTimeout), "store-open-timeout", "local store: how long to wait for the file lock (default 5s)")
-	fs.Var((*listFlag)(&cfg.Store.Endpoints), "etcd-endpoints", "etcd: comma-separated endpoints")
-	fs.StringVar(&cfg.Store.Prefix, "store-prefix", cfg.Store.Prefix, "key prefix in the store (etcd default /ringipam/)")
-	fs.Var(&tlsFlag{cfg: &cfg.Store, field: "ca"}, "etcd-cacert", "etcd: CA bundle verifying the servers")
-	fs.Var(&tlsFlag{cfg: &cfg.Store, field: "cert"}, "etcd-cert", "etcd: client certificate")
-	fs.Var(&tlsFlag{cfg: &cfg.Store, field: "key"}, "etcd-key", "etcd: client key")
-	fs.Var((*durationFlag)(&cfg.Store.DialTimeout), "etcd-dial-timeout", "etcd: dial timeout (default 5s)")
-	fs.Var((*durationFlag)(&cfg.Store.RequestTimeout), "etcd-request-timeout", "etcd: deadline of one store call (default 10s)")
+	cfg.Store.RegisterFlags(fs)
 	fs.Var(&poolsFlag{pools: &cfg.DefaultPools}, "default-pool", "default pool for networks without --subnet, as base=CIDR,size=BITS; repeatable")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "serve Prometheus metrics on this address, e.g. 127.0.0.1:9646 (default: off)")
-	fs.Var((*durationFlag)(&cfg.Timeout), "timeout", "deadline of one IPAM request")
+	fs.Var(storeconfig.DurationValue(&cfg.Timeout), "timeout", "deadline of one IPAM request")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 
 	var envErr error
@@ -163,75 +153,6 @@ func (c *Config) complete() error {
 	}
 	if _, err := parseLevel(c.LogLevel); err != nil {
 		return err
-	}
-	return nil
-}
-
-type durationFlag time.Duration
-
-func (d *durationFlag) String() string {
-	if d == nil || *d == 0 {
-		return ""
-	}
-	return time.Duration(*d).String()
-}
-
-func (d *durationFlag) Set(s string) error {
-	v, err := time.ParseDuration(s)
-	if err != nil {
-		return err
-	}
-	if v < 0 {
-		return fmt.Errorf("negative duration %s", s)
-	}
-	*d = durationFlag(v)
-	return nil
-}
-
-// tlsFlag sets one file of the store's TLS settings, creating them.
-type tlsFlag struct {
-	cfg   *storeconfig.Config
-	field string // ca, cert or key
-}
-
-func (f *tlsFlag) String() string {
-	if f == nil || f.cfg == nil || f.cfg.TLS == nil {
-		return ""
-	}
-	switch f.field {
-	case "ca":
-		return f.cfg.TLS.CA
-	case "cert":
-		return f.cfg.TLS.Cert
-	}
-	return f.cfg.TLS.Key
-}
-
-func (f *tlsFlag) Set(s string) error {
-	if f.cfg.TLS == nil {
-		f.cfg.TLS = &storeconfig.TLS{}
-	}
-	switch f.field {
-	case "ca":
-		f.cfg.TLS.CA = s
-	case "cert":
-		f.cfg.TLS.Cert = s
-	default:
-		f.cfg.TLS.Key = s
-	}
-	return nil
-}
-
-type listFlag []string
-
-func (l *listFlag) String() string { return strings.Join(*l, ",") }
-
-func (l *listFlag) Set(s string) error {
-	*l = nil
-	for _, e := range strings.Split(s, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			*l = append(*l, e)
-		}
 	}
 	return nil
 }

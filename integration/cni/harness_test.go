@@ -25,7 +25,6 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
-	"github.com/containernetworking/cni/pkg/invoke"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/ringipam/ringipam/integration/cnitest"
@@ -118,27 +117,9 @@ func rt(c *netns.NS, id string) *libcni.RuntimeConf {
 	return &libcni.RuntimeConf{ContainerID: id, NetNS: c.Path, IfName: "eth0"}
 }
 
-// noNetNS is the CNI_NETNS of IPAM-only invocations; ipam-ring never opens it.
-const noNetNS = "/var/run/netns/ipam-only-none"
-
-// execIPAM invokes the ipam-ring binary directly, as a main plugin invokes
-// its IPAM plugin. conf is the network configuration (with "ipam"). Only
-// ADD and CHECK get a CNI_NETNS (skel requires one); DEL runs without.
+// execIPAM invokes the ipam-ring binary directly (cnitest.ExecIPAM).
 func execIPAM(cmd string, conf []byte, containerID, cniArgs string) (*current.Result, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), cnitest.OpTimeout)
-	defer cancel()
-	args := &invoke.Args{Command: cmd, ContainerID: containerID, IfName: "eth0", PluginArgsStr: cniArgs, Path: filepath.Dir(cnitest.IPAMBin)}
-	if cmd == "ADD" || cmd == "CHECK" {
-		args.NetNS = noNetNS
-	}
-	if cmd == "ADD" {
-		r, err := invoke.ExecPluginWithResult(ctx, cnitest.IPAMBin, conf, args, nil)
-		if err != nil {
-			return nil, err
-		}
-		return current.NewResultFromResult(r)
-	}
-	return nil, invoke.ExecPluginWithoutResult(ctx, cnitest.IPAMBin, conf, args, nil)
+	return cnitest.ExecIPAM(cmd, conf, containerID, cniArgs)
 }
 
 // netConf is a single-plugin network configuration carrying ipam.

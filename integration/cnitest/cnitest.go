@@ -267,3 +267,27 @@ func ExecFull(command, containerID string, stdin []byte) (stdout, stderr []byte,
 	}
 	return out.Bytes(), errb.Bytes(), nil
 }
+
+// NoNetNS is the CNI_NETNS of IPAM-only invocations; ipam-ring never opens it.
+const NoNetNS = "/var/run/netns/ipam-only-none"
+
+// ExecIPAM invokes the ipam-ring binary directly, as a main plugin invokes
+// its IPAM plugin. conf is the network configuration (with "ipam"). Only
+// ADD and CHECK get a CNI_NETNS (skel requires one); DEL runs without. ADD
+// returns its result; the other verbs nil.
+func ExecIPAM(cmd string, conf []byte, containerID, cniArgs string) (*current.Result, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), OpTimeout)
+	defer cancel()
+	args := &invoke.Args{Command: cmd, ContainerID: containerID, IfName: "eth0", PluginArgsStr: cniArgs, Path: filepath.Dir(IPAMBin)}
+	if cmd == "ADD" || cmd == "CHECK" {
+		args.NetNS = NoNetNS
+	}
+	if cmd == "ADD" {
+		r, err := invoke.ExecPluginWithResult(ctx, IPAMBin, conf, args, nil)
+		if err != nil {
+			return nil, err
+		}
+		return current.NewResultFromResult(r)
+	}
+	return nil, invoke.ExecPluginWithoutResult(ctx, IPAMBin, conf, args, nil)
+}

@@ -7,10 +7,9 @@
 // parallel and repeated runs never collide. The package needs root and the
 // iproute2 "ip" command; RequireRoot skips a test that lacks them.
 //
-// DialContext connects from inside a namespace, Forward relays a loopback
-// port of the test process to a server that lives only inside one, and
-// Relay a loopback port inside one to a server of the test process (both
-// relays end with the test).
+// DialContext connects from inside a namespace, and Forward relays a
+// loopback port of the test process to a server that lives only inside
+// one (both end with the test).
 //
 // Safe for concurrent use: each NS is immutable after New.
 package netns
@@ -174,16 +173,14 @@ func (n *NS) Forward(t testing.TB, target string) string {
 	if err != nil {
 		t.Fatalf("forward to %s in %s: %v", target, n.Name, err)
 	}
-	serveRelay(t, l, func(ctx context.Context) (net.Conn, error) { return n.DialContext(ctx, "tcp", target) })
-	return l.Addr().String()
+	return relay(t, l, func(ctx context.Context) (net.Conn, error) { return n.DialContext(ctx, "tcp", target) })
 }
 
 // Relay is Forward the other way round: it listens on a free loopback port
-// inside n and relays every connection to target ("ip:port"), dialled from
-// the test's own namespace, so that processes living in n (a CNI plugin a
-// runtime in n starts, say) reach a server of the test (its etcd). The
-// listener and every relayed connection are closed when the test ends. It
-// returns the address inside n ("127.0.0.1:port").
+// inside n and relays every connection to target ("ip:port") dialled from
+// the test's own namespace, so processes in n reach servers on the test's
+// loopback (an etcd started by the test, say). It returns the address
+// inside n ("127.0.0.1:port"); everything is closed when the test ends.
 func (n *NS) Relay(t testing.TB, target string) string {
 	t.Helper()
 	var l net.Listener
@@ -194,16 +191,13 @@ func (n *NS) Relay(t testing.TB, target string) string {
 	}); err != nil {
 		t.Fatalf("relay in %s to %s: %v", n.Name, target, err)
 	}
-	serveRelay(t, l, func(ctx context.Context) (net.Conn, error) {
+	return relay(t, l, func(ctx context.Context) (net.Conn, error) {
 		return (&net.Dialer{}).DialContext(ctx, "tcp", target)
 	})
-	return l.Addr().String()
 }
 
-// serveRelay accepts connections on l until the test ends and carries each
-// to a connection dial makes (bounded by forwardDialTimeout); a failed dial
-// closes the accepted connection.
-func serveRelay(t testing.TB, l net.Listener, dial func(ctx context.Context) (net.Conn, error)) {
+// relay accepts on l and carries each connection to what dial returns.
+func relay(t testing.TB, l net.Listener, dial func(ctx context.Context) (net.Conn, error)) string {
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{}
 	track := func(c net.Conn, on bool) bool {
@@ -274,4 +268,5 @@ func serveRelay(t testing.TB, l net.Listener, dial func(ctx context.Context) (ne
 			go relay(c)
 		}
 	}()
+	return l.Addr().String()
 }

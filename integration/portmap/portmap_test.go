@@ -17,8 +17,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -396,44 +394,6 @@ func TestGCAndDynamicPorts(t *testing.T) {
 
 const portmapAnnotation = "ringipam.io/publish"
 
-// relay accepts TCP connections on loopback inside n and carries each to
-// target, dialled from the test's own namespace; it stops with the test.
-func relay(t *testing.T, n *netns.NS, target string) string {
-	var l net.Listener
-	if err := n.Do(func() error {
-		var err error
-		l, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				d, err := net.DialTimeout("tcp", target, 5*time.Second)
-				if err != nil {
-					return
-				}
-				defer d.Close()
-				go func() { io.Copy(d, c); d.(*net.TCPConn).CloseWrite() }()
-				io.Copy(c, d)
-			}()
-		}
-	}()
-	return l.Addr().String()
-}
-
 // Two hosts on one real etcd: an ingress port taken on A is refused on B,
 // naming A's holder and host; dynamic ingress ports chosen 8 at a time on
 // each host never collide, and each host forwards exactly its own.
@@ -447,7 +407,7 @@ func TestTwoHostsIngress(t *testing.T) {
 	for i, name := range []string{"hostA", "hostB"} {
 		h := newHost(t, name, nil, fmt.Sprintf("198.18.%d.0/24", 140+i))
 		h.network = network
-		h.store = map[string]any{"type": "etcd", "endpoints": []string{"http://" + relay(t, h.ns, target)}, "prefix": prefix}
+		h.store = map[string]any{"type": "etcd", "endpoints": []string{"http://" + h.ns.Relay(t, target)}, "prefix": prefix}
 		h.portmapExtra = map[string]any{"mode": "ingress"}
 		hosts[name] = h
 	}

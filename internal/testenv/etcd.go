@@ -78,7 +78,15 @@ type Etcd struct {
 // healthy. It fails tb (never skips) if /usr/bin/etcd is missing.
 func StartEtcd(tb testing.TB) *Etcd {
 	tb.Helper()
-	return startEtcd(tb, false)
+	return startEtcd(tb, false, true)
+}
+
+// StartEtcdOnDisk is StartEtcd with the data directory on the test's temp
+// dir (the disk) instead of tmpfs: every commit pays etcd's WAL fsync, as in
+// production. For benchmarks that compare the two.
+func StartEtcdOnDisk(tb testing.TB) *Etcd {
+	tb.Helper()
+	return startEtcd(tb, false, false)
 }
 
 // StartEtcdTLS starts a fresh single-member etcd that serves clients only
@@ -88,7 +96,7 @@ func StartEtcd(tb testing.TB) *Etcd {
 // Health checks, Stop and Start work as with StartEtcd.
 func StartEtcdTLS(tb testing.TB) (*Etcd, TLSFiles) {
 	tb.Helper()
-	e := startEtcd(tb, true)
+	e := startEtcd(tb, true, true)
 	return e, *e.tls
 }
 
@@ -106,15 +114,19 @@ func memDir(tb testing.TB) string {
 	return dir
 }
 
-func startEtcd(tb testing.TB, withTLS bool) *Etcd {
+func startEtcd(tb testing.TB, withTLS, onTmpfs bool) *Etcd {
 	tb.Helper()
 	if _, err := os.Stat(EtcdBinary); err != nil {
 		tb.Fatalf("testenv: %s not found (%v): run scripts/install-deps.sh as root", EtcdBinary, err)
 	}
 	dir := tb.TempDir()
+	dataParent := dir
+	if onTmpfs {
+		dataParent = memDir(tb)
+	}
 	e := &Etcd{
 		tb:      tb,
-		dataDir: filepath.Join(memDir(tb), "data"),
+		dataDir: filepath.Join(dataParent, "data"),
 		logPath: filepath.Join(dir, "etcd.log"),
 		name:    "test",
 	}

@@ -30,6 +30,10 @@ const DefaultOrphanAfter = 48 * time.Hour
 type hostRecord struct {
 	Addr     string `json:"addr,omitempty"` // where other hosts forward its ingress ports
 	Seen     int64  `json:"s,omitempty"`    // last heartbeat (Unix seconds)
+	// Checked is when a CHECK last found one of the host's owners (Unix
+	// seconds), written at most every touchEvery: the last-seen time of
+	// hosts whose containers only get checked, agent or not.
+	Checked int64 `json:"c,omitempty"`
 	Orphaned int64  `json:"o,omitempty"`    // when it was orphaned; 0: never, or acknowledged
 	// Reclaimed counts the owners released when it was orphaned.
 	Reclaimed int `json:"r,omitempty"`
@@ -182,8 +186,9 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 			return nil, fmt.Errorf("%s: corrupt host record: %w", kv.Key, err)
 		}
 		h := info(strings.TrimPrefix(kv.Key, prefixHostRecord))
-		h.Agent, h.Addr, h.Reclaimed = true, rec.Addr, rec.Reclaimed
+		h.Agent, h.Addr, h.Reclaimed = rec.Seen != 0 || rec.Addr != "", rec.Addr, rec.Reclaimed
 		seen(h, rec.Seen)
+		seen(h, rec.Checked)
 		if rec.Orphaned != 0 {
 			h.OrphanedAt = time.Unix(rec.Orphaned, 0)
 		}
@@ -250,4 +255,27 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 	}
 	slices.SortFunc(out, func(x, y HostInfo) int { return strings.Compare(x.Name, y.Name) })
 	return out, nil
+}
+
+// touchEvery is how stale a host record's CHECK time may get before a
+// CHECK refreshes it: one extra write per host per touchEvery, far below
+// any useful orphanAfter.
+const touchEvery = time.Hour
+
+// touch refreshes this host's last-seen time after a lookup found one of
+// its owners (CHECK), when the record as read (kv, from the lookup's own
+// read) is older than touchEvery. Best effort: a conflict with a heartbeat
+// or a failure only means the next CHECK tries again.
+func (a *Allocator) touch(ctx context.Context, kv store.KV) {
+	var rec hostRecord
+	if kv.Exists() && json.Unmarshal(kv.Value, &rec) != nil {
+		return
+	}
+	now := a.now().Unix()
+	if last := max(rec.Seen, rec.Checked); now-last < int64(touchEvery/time.Second) {
+		return
+	}
+	rec.Checked = now
+	b, _ := json.Marshal(rec)
+	_ = a.st.Commit(ctx, []store.Cond{store.Unchanged(kv)}, []store.Op{store.Put(kv.Key, b)})
 }

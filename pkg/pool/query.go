@@ -12,14 +12,26 @@ import (
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
-// Lookup returns what owner holds, and false when it holds nothing.
+// Lookup returns what owner holds, and false when it holds nothing. When
+// the owner is this host's, the host's last-seen time is refreshed if it
+// is older than an hour (the read rides on the lookup's own; the write is
+// one round trip per host per hour), so hosts whose containers are only
+// checked are not taken for gone.
 func (a *Allocator) Lookup(ctx context.Context, owner Owner) (Allocation, bool, error) {
 	if err := owner.Validate(); err != nil {
 		return Allocation{}, false, err
 	}
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	return a.lookup(ctx, owner)
+	kvs, err := a.get(ctx, ownerKey(owner), hostRecordKey(a.host))
+	if err != nil {
+		return Allocation{}, false, err
+	}
+	alloc, ok, err := decodeOwner(owner, kvs[0])
+	if ok && err == nil && alloc.Host == a.host {
+		a.touch(ctx, kvs[1])
+	}
+	return alloc, ok, err
 }
 
 func (a *Allocator) lookup(ctx context.Context, owner Owner) (Allocation, bool, error) {

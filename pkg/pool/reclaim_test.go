@@ -282,3 +282,41 @@ func runRmpeerHandsFreeSpace(t *testing.T, st store.Store) {
 }
 
 func TestRmpeerHandsFreeSpaceToTheCaller(t *testing.T) { runRmpeerHandsFreeSpace(t, memory.New()) }
+
+// A host without an agent whose containers are only checked (no ADD or DEL
+// for days) is not taken for gone: CHECK refreshes its last-seen time, at
+// most once an hour.
+func TestCheckKeepsAnAgentlessHostSeen(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	clk := &clock{now: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)}
+	a, _ := New(st, "quiet", WithClock(clk.Now))
+	owner := hostOwner("quiet", 1)
+	if _, err := a.Allocate(ctx, Request{Owner: owner, Wants: ipWant("p"), Defs: []Def{v4Def("p", "198.18.5.0/28")}}); err != nil {
+		t.Fatal(err)
+	}
+	judge, _ := New(st, "judge", WithClock(clk.Now))
+	for day := range 4 {
+		clk.advance(24 * time.Hour)
+		if _, ok, err := a.Lookup(ctx, owner); err != nil || !ok {
+			t.Fatal(ok, err)
+		}
+		if _, err := judge.Sweep(ctx, 48*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if _, ok, _ := judge.Lookup(ctx, owner); !ok {
+			t.Fatalf("day %d: the checked host's owner was reclaimed", day+1)
+		}
+	}
+	hosts, _ := judge.Hosts(ctx, 48*time.Hour)
+	for _, h := range hosts {
+		if h.Name == "quiet" && (h.State != HostDown || h.Agent || !h.LastSeen.Equal(clk.Now().Truncate(time.Second))) {
+			t.Fatalf("quiet host: %+v", h)
+		}
+	}
+	// Without the checks it would have gone: three more silent days.
+	clk.advance(72 * time.Hour)
+	if reps, err := judge.Sweep(ctx, 48*time.Hour); err != nil || len(reps) != 1 || reps[0].Released != 1 {
+		t.Fatalf("sweep after 3 silent days: %+v %v", reps, err)
+	}
+}

@@ -40,7 +40,8 @@ func (c *countingStore) take() int64 {
 
 // Round trips of the CNI verbs as a fresh plugin process makes them (a new
 // Allocator per call, so the layout check rides on the first read): ADD 2,
-// DEL 2 with the configured pools as hint (3 without), CHECK 1.
+// DEL 2 with the configured pools as hint (3 without), CHECK 1 (2 once an
+// hour, refreshing the host's last-seen time).
 func TestRoundTripsPerVerb(t *testing.T) {
 	ctx := context.Background()
 	st := &countingStore{Store: memory.New()}
@@ -57,6 +58,14 @@ func TestRoundTripsPerVerb(t *testing.T) {
 	}
 	if n := st.take(); n != 2 {
 		t.Errorf("ADD: %d round trips, want 2", n)
+	}
+	// The first CHECK of the hour also refreshes the host's last-seen
+	// time: one write.
+	if _, ok, err := proc().Lookup(ctx, own("x")); err != nil || !ok {
+		t.Fatal(ok, err)
+	}
+	if n := st.take(); n != 2 {
+		t.Errorf("first CHECK: %d round trips, want 2 (the read, the last-seen write)", n)
 	}
 	if _, ok, err := proc().Lookup(ctx, own("x")); err != nil || !ok {
 		t.Fatal(ok, err)

@@ -1,0 +1,499 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/portalloc"
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/etcd"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
+)
+
+// ParseLevel maps a log level name to slog's level.
+func ParseLevel(s string) (slog.Level, error) {
+	switch s {
+	case "debug":
+		return slog.LevelDebug, nil
+	case "", "info":
+		return slog.LevelInfo, nil
+	case "warn":
+		return slog.LevelWarn, nil
+	case "error":
+		return slog.LevelError, nil
+	}
+	return 0, fmt.Errorf("log level %q is not debug, info, warn or error", s)
+}
+
+// NewLogger is the agent's text logger at cfg's level.
+func NewLogger(cfg Config, w interface{ Write([]byte) (int, error) }) *slog.Logger {
+	lvl, _ := ParseLevel(cfg.LogLevel)
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
+}
+
+// Option changes an Agent for tests.
+type Option func(*options)
+
+type options struct {
+	now       func() time.Time
+	forwarder forwarder
+	listener  net.Listener
+	store     store.Store
+}
+
+// WithClock makes the agent (and its sweeps) judge time by now.
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithListener serves HTTP on l instead of listening on cfg.Listen.
+func WithListener(l net.Listener) Option { return func(o *options) { o.listener = l } }
+
+// forwarder is the packet-filter side of ingress forwarding.
+type forwarder interface {
+	Sync(ctx context.Context, fs []Forward) error
+	Remove(ctx context.Context) error
+}
+
+// withStore runs the agent on st (closed by Run) instead of opening
+// cfg.Store (unit tests: the memory store).
+func withStore(st store.Store) Option { return func(o *options) { o.store = st } }
+
+// withForwarder replaces the nftables forwarder (unit tests).
+func withForwarder(f forwarder) Option { return func(o *options) { o.forwarder = f } }
+
+// Agent is one host's agent. Make it with New, run it with Run.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	now     func() time.Time
+	st      store.Store
+	cli     *clientv3.Client // nil on the local store
+	prefix  string
+	alloc   *pool.Allocator
+	ports   *portalloc.Allocator
+	fwd     forwarder
+	metrics *metrics
+	httpL   net.Listener
+
+	held     func() bool
+	snapshot atomic.Pointer[Snapshot]
+	kick     chan struct{} // a watch saw published ports change
+
+	mu        sync.Mutex
+	orphaned  time.Time // this host's unacknowledged orphaning
+	forwards  []Forward
+	problems  []string
+	hosts     []pool.HostInfo
+	hostsRead time.Time
+}
+
+// New opens the store and prepares the agent; nothing runs until Run.
+func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
+	var o options
+	for _, f := range opts {
+		f(&o)
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
+	a := &Agent{cfg: cfg, log: log, now: o.now, fwd: o.forwarder, httpL: o.listener, kick: make(chan struct{}, 1)}
+	var err error
+	switch {
+	case o.store != nil:
+		a.st = o.store
+	case cfg.Store.Type == storeconfig.TypeEtcd:
+		// The agent uses etcd's own client: it needs leases and watches.
+		ec := etcd.Config{Endpoints: cfg.Store.Endpoints, Prefix: cfg.Store.Prefix, Username: cfg.Store.Username,
+			Password: cfg.Store.Password, DialTimeout: time.Duration(cfg.Store.DialTimeout), RequestTimeout: time.Duration(cfg.Store.RequestTimeout)}
+		if t := cfg.Store.TLS; t != nil {
+			ec.TLS = &etcd.TLS{CAFile: t.CA, CertFile: t.Cert, KeyFile: t.Key}
+		}
+		es, err := etcd.New(ec)
+		if err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+		a.st, a.cli, a.prefix = es, es.Client(), es.Prefix()
+	default:
+		if a.st, err = storeconfig.Open(cfg.Store); err != nil {
+			return nil, fmt.Errorf("open store: %w", err)
+		}
+	}
+	a.alloc, err = pool.New(a.st, cfg.Host, pool.WithTimeout(time.Duration(cfg.Timeout)), pool.WithClock(a.now))
+	if err != nil {
+		a.st.Close()
+		return nil, err
+	}
+	if a.ports, err = portalloc.New(a.st, cfg.Host); err != nil {
+		a.st.Close()
+		return nil, err
+	}
+	if cfg.Ingress && a.fwd == nil {
+		f, err := newNFTForwarder(cfg.IngressTable)
+		if err != nil {
+			a.st.Close()
+			return nil, fmt.Errorf("ingress forwarding (turn it off with --ingress=false): %w", err)
+		}
+		a.fwd = f
+	}
+	a.metrics = newMetrics(a.snapshot.Load)
+	return a, nil
+}
+
+// Run runs the agent until ctx ends, then revokes its liveness record,
+// removes its ingress forwards and closes the store.
+func Run(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) error {
+	a, err := New(cfg, log, opts...)
+	if err != nil {
+		return err
+	}
+	return a.Run(ctx)
+}
+
+// Run runs the loops and the HTTP server until ctx ends.
+func (a *Agent) Run(ctx context.Context) error {
+	defer a.st.Close()
+	l := a.httpL
+	if l == nil && a.cfg.Listen != "off" && a.cfg.Listen != "" {
+		var err error
+		if l, err = net.Listen("tcp", a.cfg.Listen); err != nil {
+			return fmt.Errorf("listen %s: %w", a.cfg.Listen, err)
+		}
+	}
+	a.log.Info("ringipamd starting", "host", a.cfg.Host, "addr", a.cfg.Addr, "store", a.cfg.Store.Describe(),
+		"listen", a.cfg.Listen, "orphanAfter", time.Duration(a.cfg.OrphanAfter), "sweep", a.cfg.Sweep, "ingress", a.cfg.Ingress)
+
+	var wg sync.WaitGroup
+	loop := func(fn func(context.Context)) {
+		wg.Add(1)
+		go func() { defer wg.Done(); fn(ctx) }()
+	}
+	if a.cli != nil {
+		k := newLeaseKeeper(a.cli, a.prefix, a.cfg.Host, a.cfg.Addr, time.Duration(a.cfg.LeaseTTL), a.log)
+		a.held = k.held.Load
+		loop(k.run)
+		loop(a.watch)
+	} else {
+		v, _ := json.Marshal(livenessValue{Addr: a.cfg.Addr})
+		p := &plainLiveness{st: a.st, key: pool.LivenessKey(a.cfg.Host), value: v}
+		a.held = p.held.Load
+		loop(func(ctx context.Context) { p.run(ctx, time.Duration(a.cfg.Timeout), a.log) })
+	}
+	loop(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.Heartbeat), a.heartbeat) })
+	if a.cfg.Sweep && a.cfg.OrphanAfter > 0 {
+		loop(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.SweepInterval), a.sweep) })
+	}
+	if a.cfg.Ingress {
+		loop(a.ingressLoop)
+	}
+	loop(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.StatusRefresh), a.refreshSnapshot) })
+	var srvErr error
+	if l != nil {
+		srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				srvErr = err
+			}
+		}()
+		go func() {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+		a.log.Info("serving the status page and metrics", "addr", l.Addr().String())
+	}
+	<-ctx.Done()
+	wg.Wait()
+	if a.cfg.Ingress && a.fwd != nil {
+		// Forwards nobody keeps up to date are worse than none.
+		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := a.fwd.Remove(rctx); err != nil {
+			a.log.Warn("removing the ingress forwards", "err", err)
+		}
+		cancel()
+	}
+	a.log.Info("ringipamd stopped")
+	return srvErr
+}
+
+// every runs fn now and then every d (with up to 10% jitter) until ctx ends.
+func (a *Agent) every(ctx context.Context, d time.Duration, fn func(context.Context)) {
+	for {
+		fn(ctx)
+		jitter := time.Duration(float64(d) * 0.1 * float64(a.now().UnixNano()%1000) / 1000)
+		if sleep(ctx, d+jitter) != nil {
+			return
+		}
+	}
+}
+
+// op bounds one store operation by the configured timeout.
+func (a *Agent) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, time.Duration(a.cfg.Timeout))
+}
+
+func (a *Agent) storeError(op string, err error) {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return
+	}
+	a.metrics.storeErrs.WithLabelValues(op).Inc()
+	a.log.Warn("store operation failed", "op", op, "err", err)
+}
+
+// heartbeat records that the host is alive, and learns whether it was
+// orphaned while away: then it says so loudly, until acknowledged.
+func (a *Agent) heartbeat(ctx context.Context) {
+	ctx, cancel := a.op(ctx)
+	defer cancel()
+	info, err := a.alloc.Heartbeat(ctx, a.cfg.Addr)
+	if err != nil {
+		a.storeError("heartbeat", err)
+		return
+	}
+	a.mu.Lock()
+	was := a.orphaned
+	a.orphaned = info.OrphanedAt
+	a.mu.Unlock()
+	if !info.OrphanedAt.IsZero() {
+		a.log.Error("THIS HOST WAS ORPHANED: it was down longer than orphanAfter and its space was reclaimed; "+
+			"containers started before then lost their addresses (CHECK fails for them) and must be recreated; "+
+			"new containers get fresh addresses. Acknowledge with `ringctl host ack`.",
+			"host", a.cfg.Host, "orphanedAt", info.OrphanedAt.UTC(), "ownersReleased", info.Reclaimed)
+	} else if !was.IsZero() {
+		a.log.Info("orphaned mark acknowledged", "host", a.cfg.Host)
+	}
+}
+
+// sweep reclaims orphaned hosts and releases their published ports.
+// Several agents may sweep at once: the pool's commits are conditioned on
+// what they read (and on the host's liveness key being absent), so each
+// owner is released by exactly one of them; no election is needed.
+func (a *Agent) sweep(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Duration(a.cfg.Timeout))
+	defer cancel()
+	reports, err := a.alloc.Sweep(ctx, time.Duration(a.cfg.OrphanAfter))
+	a.storeError("sweep", err)
+	for _, r := range reports {
+		a.metrics.reclaims.Inc()
+		a.metrics.released.Add(float64(r.Released))
+		a.log.Warn("reclaimed an orphaned host", "host", r.Host, "pools", r.Pools, "ownersReleased", r.Released, "alreadyReclaimed", r.AlreadyWas)
+	}
+	hosts, err := a.alloc.Hosts(ctx, time.Duration(a.cfg.OrphanAfter))
+	if err != nil {
+		a.storeError("hosts", err)
+		return
+	}
+	a.setHosts(hosts)
+	for _, h := range hosts {
+		if h.State != pool.HostOrphaned || h.Name == a.cfg.Host {
+			continue
+		}
+		n, err := a.ports.ReleaseHost(ctx, h.Name)
+		a.storeError("release-ports", err)
+		if n > 0 {
+			a.metrics.ports.Add(float64(n))
+			a.log.Warn("released the published ports of an orphaned host", "host", h.Name, "endpoints", n)
+		}
+	}
+}
+
+func (a *Agent) setHosts(h []pool.HostInfo) {
+	a.mu.Lock()
+	a.hosts, a.hostsRead = h, a.now()
+	a.mu.Unlock()
+}
+
+// hostsFor returns the known hosts, read again when older than maxAge or
+// when one of names is missing.
+func (a *Agent) hostsFor(ctx context.Context, names []string, maxAge time.Duration) ([]pool.HostInfo, error) {
+	a.mu.Lock()
+	hosts, read := a.hosts, a.hostsRead
+	a.mu.Unlock()
+	fresh := !read.IsZero() && a.now().Sub(read) < maxAge
+	for _, n := range names {
+		if !slices.ContainsFunc(hosts, func(h pool.HostInfo) bool { return h.Name == n }) {
+			fresh = false
+		}
+	}
+	if fresh {
+		return hosts, nil
+	}
+	ctx, cancel := a.op(ctx)
+	defer cancel()
+	hosts, err := a.alloc.Hosts(ctx, time.Duration(a.cfg.OrphanAfter))
+	if err != nil {
+		return nil, err
+	}
+	a.setHosts(hosts)
+	return hosts, nil
+}
+
+// hostsMaxAge is how stale the host list may be for forwarding decisions.
+const hostsMaxAge = 15 * time.Second
+
+// ingressLoop keeps the forwards equal to the store's ingress ports: on
+// every sync interval, and at once when a watch sees ports change. The
+// table is rewritten only when the forwards changed, and at least every
+// resyncEvery, to repair what someone changed by hand.
+func (a *Agent) ingressLoop(ctx context.Context) {
+	const resyncEvery = 30 * time.Second
+	var last []Forward
+	var synced time.Time
+	for {
+		fs, ok := a.desired(ctx)
+		if ok && (!slices.Equal(fs, last) || synced.IsZero() || a.now().Sub(synced) >= resyncEvery) {
+			sctx, cancel := a.op(ctx)
+			err := a.fwd.Sync(sctx, fs)
+			cancel()
+			if err != nil {
+				a.metrics.syncErrs.Inc()
+				a.log.Warn("installing ingress forwards failed", "err", err)
+			} else {
+				if !slices.Equal(fs, last) {
+					a.log.Info("ingress forwards", "count", len(fs))
+				}
+				last, synced = fs, a.now()
+			}
+		}
+		t := time.NewTimer(time.Duration(a.cfg.SyncInterval))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-a.kick:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// desired reads the ports and hosts and computes the forwards.
+func (a *Agent) desired(ctx context.Context) ([]Forward, bool) {
+	octx, cancel := a.op(ctx)
+	ports, err := a.ports.List(octx)
+	cancel()
+	if err != nil {
+		a.storeError("list-ports", err)
+		return nil, false
+	}
+	var names []string
+	for _, p := range ports {
+		if p.State.Ingress != "" && p.State.IngressHost != a.cfg.Host {
+			names = append(names, p.State.IngressHost)
+		}
+	}
+	hosts, err := a.hostsFor(ctx, names, hostsMaxAge)
+	if err != nil {
+		a.storeError("hosts", err)
+		return nil, false
+	}
+	fs, problems := DesiredForwards(a.cfg.Host, ports, hosts)
+	a.mu.Lock()
+	a.forwards, a.problems = fs, problems
+	a.mu.Unlock()
+	return fs, true
+}
+
+// watch kicks the ingress loop when published ports change (etcd only;
+// the poll covers the rest).
+func (a *Agent) watch(ctx context.Context) {
+	if !a.cfg.Ingress {
+		return
+	}
+	for ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		for resp := range a.cli.Watch(wctx, a.prefix+"p/a/", clientv3.WithPrefix()) {
+			if resp.Err() != nil {
+				break
+			}
+			select {
+			case a.kick <- struct{}{}:
+			default:
+			}
+		}
+		cancel()
+		if sleep(ctx, time.Second) != nil {
+			return
+		}
+	}
+}
+
+// refreshSnapshot reads what the status page and metrics show.
+func (a *Agent) refreshSnapshot(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Duration(a.cfg.Timeout))
+	defer cancel()
+	hosts, err := a.alloc.Hosts(ctx, time.Duration(a.cfg.OrphanAfter))
+	if err != nil {
+		a.storeError("hosts", err)
+		return
+	}
+	a.setHosts(hosts)
+	pools, err := readPools(ctx, a.alloc)
+	if err != nil {
+		a.storeError("pools", err)
+		return
+	}
+	a.mu.Lock()
+	s := &Snapshot{Taken: a.now(), Host: a.cfg.Host, Addr: a.cfg.Addr, Orphaned: a.orphaned, Hosts: hosts, Pools: pools,
+		Forwards: slices.Clone(a.forwards), Problems: slices.Clone(a.problems)}
+	a.mu.Unlock()
+	s.Liveness = a.held != nil && a.held()
+	a.snapshot.Store(s)
+}
+
+// Handler serves / (the status page), /status.json, /metrics and /healthz.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.registry, promhttp.HandlerOpts{Registry: a.metrics.registry}))
+	mux.HandleFunc("GET /status.json", func(w http.ResponseWriter, r *http.Request) {
+		s := a.current(r.Context())
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(s)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		if a.held == nil || !a.held() {
+			http.Error(w, "liveness record not held", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		b, err := renderPage(*a.current(r.Context()), a.now())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		_, _ = w.Write(b)
+	})
+	return mux
+}
+
+// current is the latest snapshot; the first request before any snapshot
+// reads one.
+func (a *Agent) current(ctx context.Context) *Snapshot {
+	if s := a.snapshot.Load(); s != nil {
+		return s
+	}
+	a.refreshSnapshot(ctx)
+	if s := a.snapshot.Load(); s != nil {
+		return s
+	}
+	return &Snapshot{Host: a.cfg.Host, Taken: a.now(), Problems: []string{"the store could not be read yet"}}
+}

@@ -1,0 +1,191 @@
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
+)
+
+// EnvPrefix starts the environment variable of every flag:
+// --orphan-after is RINGIPAMD_ORPHAN_AFTER.
+const EnvPrefix = "RINGIPAMD_"
+
+// Defaults of the configuration.
+const (
+	DefaultListen        = "127.0.0.1:9476"
+	DefaultLeaseTTL      = 15 * time.Second
+	DefaultHeartbeat     = 30 * time.Second
+	DefaultSweepInterval = time.Minute
+	DefaultSyncInterval  = 2 * time.Second
+	DefaultStatusRefresh = 10 * time.Second
+	DefaultTimeout       = 20 * time.Second
+	DefaultIngressTable  = "ringipam-ingress"
+)
+
+// ErrConfig is wrapped by every configuration error.
+var ErrConfig = errors.New("invalid ringipamd configuration")
+
+// Config is the agent's whole configuration: defaults, then the JSON file
+// named by --config (or RINGIPAMD_CONFIG), then RINGIPAMD_* variables, then
+// flags, in increasing precedence.
+type Config struct {
+	// Host is this host's name in the ring: the same name its CNI plugins
+	// and Docker driver use (default: the machine's host name).
+	Host string `json:"host"`
+	// Addr is where other hosts reach this host's published ingress
+	// ports (an address of this host on the cluster network). Empty: no
+	// other host forwards here.
+	Addr  string             `json:"addr"`
+	Store storeconfig.Config `json:"store"`
+	// Listen serves /metrics, the status page and /status.json; "off"
+	// serves nothing.
+	Listen        string               `json:"listen"`
+	LeaseTTL      storeconfig.Duration `json:"leaseTTL"`
+	Heartbeat     storeconfig.Duration `json:"heartbeat"`
+	SweepInterval storeconfig.Duration `json:"sweepInterval"`
+	// OrphanAfter is how long a host must be down before its space is
+	// reclaimed (default 48h); "0s" turns the sweep off on this agent.
+	OrphanAfter  storeconfig.Duration `json:"orphanAfter"`
+	Sweep        bool                 `json:"sweep"`
+	Ingress      bool                 `json:"ingress"`
+	IngressTable string               `json:"ingressTable"`
+	SyncInterval storeconfig.Duration `json:"syncInterval"`
+	// StatusRefresh is how often the status page and pool metrics are
+	// read from the store.
+	StatusRefresh storeconfig.Duration `json:"statusRefresh"`
+	// Timeout bounds each store operation of the agent's loops.
+	Timeout  storeconfig.Duration `json:"timeout"`
+	LogLevel string               `json:"logLevel"`
+}
+
+// DefaultConfig is the configuration with nothing set.
+func DefaultConfig() Config {
+	return Config{
+		Store:         storeconfig.Config{Type: storeconfig.TypeLocal},
+		Listen:        DefaultListen,
+		LeaseTTL:      storeconfig.Duration(DefaultLeaseTTL),
+		Heartbeat:     storeconfig.Duration(DefaultHeartbeat),
+		SweepInterval: storeconfig.Duration(DefaultSweepInterval),
+		OrphanAfter:   storeconfig.Duration(pool.DefaultOrphanAfter),
+		Sweep:         true,
+		Ingress:       true,
+		IngressTable:  DefaultIngressTable,
+		SyncInterval:  storeconfig.Duration(DefaultSyncInterval),
+		StatusRefresh: storeconfig.Duration(DefaultStatusRefresh),
+		Timeout:       storeconfig.Duration(DefaultTimeout),
+		LogLevel:      "info",
+	}
+}
+
+// LoadConfig builds the configuration from args and the environment.
+func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Config, error) {
+	cfg := DefaultConfig()
+	path := getenv(EnvPrefix + "CONFIG")
+	for i, a := range args {
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "config" {
+			continue
+		}
+		if hasVal {
+			path = val
+		} else if i+1 < len(args) {
+			path = args[i+1]
+		}
+	}
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&cfg); err != nil {
+			return Config{}, fmt.Errorf("%w: %s: %w", ErrConfig, path, err)
+		}
+	}
+	fs := flag.NewFlagSet("ringipamd", flag.ContinueOnError)
+	fs.SetOutput(usage)
+	fs.String("config", path, "JSON configuration file (see conf/ringipamd.json)")
+	fs.StringVar(&cfg.Host, "host", cfg.Host, "this host's name in the ring, as its plugins use it (default: the machine's hostname)")
+	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "this host's address on the cluster network, where other hosts forward its ingress ports")
+	cfg.Store.RegisterFlags(fs)
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, `serve /metrics and the status page here ("off": nothing)`)
+	fs.Var(storeconfig.DurationValue(&cfg.LeaseTTL), "lease-ttl", "etcd: TTL of the liveness lease (the host is down this long after the agent dies)")
+	fs.Var(storeconfig.DurationValue(&cfg.Heartbeat), "heartbeat", "how often the host record's last-seen time is written")
+	fs.Var(storeconfig.DurationValue(&cfg.SweepInterval), "sweep-interval", "how often orphaned hosts are looked for")
+	fs.Var(storeconfig.DurationValue(&cfg.OrphanAfter), "orphan-after", "how long a host is down before its space is reclaimed")
+	fs.BoolVar(&cfg.Sweep, "sweep", cfg.Sweep, "reclaim orphaned hosts from this agent")
+	fs.BoolVar(&cfg.Ingress, "ingress", cfg.Ingress, "forward ingress ports published on other hosts (nftables)")
+	fs.StringVar(&cfg.IngressTable, "ingress-table", cfg.IngressTable, "nftables table (inet family) of the ingress forwards")
+	fs.Var(storeconfig.DurationValue(&cfg.SyncInterval), "sync-interval", "how often the ingress forwards are compared with the store")
+	fs.Var(storeconfig.DurationValue(&cfg.StatusRefresh), "status-refresh", "how often pool usage is read for the status page and metrics")
+	fs.Var(storeconfig.DurationValue(&cfg.Timeout), "timeout", "deadline of one store operation of the agent")
+	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		key := EnvPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v := getenv(key); v != "" && f.Name != "config" {
+			if err := f.Value.Set(v); err != nil {
+				envErr = errors.Join(envErr, fmt.Errorf("%s: %w", key, err))
+			}
+		}
+	})
+	if envErr != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, envErr)
+	}
+	if err := fs.Parse(args); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if fs.NArg() > 0 {
+		return Config{}, fmt.Errorf("%w: unexpected arguments %q", ErrConfig, fs.Args())
+	}
+	return cfg, cfg.complete()
+}
+
+// complete fills the host name and validates.
+func (c *Config) complete() error {
+	if c.Host == "" {
+		h, err := storeconfig.HostName("")
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		c.Host = h
+	}
+	if c.Store.Type == "" {
+		c.Store.Type = storeconfig.TypeLocal
+	}
+	if err := c.Store.Validate(); err != nil {
+		return fmt.Errorf("%w: store: %w", ErrConfig, err)
+	}
+	if c.Addr != "" {
+		if _, err := netip.ParseAddr(c.Addr); err != nil {
+			return fmt.Errorf("%w: addr %q is not an IP address", ErrConfig, c.Addr)
+		}
+	}
+	for name, d := range map[string]storeconfig.Duration{"heartbeat": c.Heartbeat, "sweep-interval": c.SweepInterval,
+		"sync-interval": c.SyncInterval, "status-refresh": c.StatusRefresh, "timeout": c.Timeout} {
+		if d <= 0 {
+			return fmt.Errorf("%w: %s must be positive", ErrConfig, name)
+		}
+	}
+	if time.Duration(c.LeaseTTL) < 2*time.Second {
+		return fmt.Errorf("%w: lease-ttl %s is below etcd's useful minimum of 2s", ErrConfig, time.Duration(c.LeaseTTL))
+	}
+	if c.IngressTable == "" || strings.ContainsAny(c.IngressTable, " \t\n/;") {
+		return fmt.Errorf("%w: ingress-table %q is not a table name", ErrConfig, c.IngressTable)
+	}
+	if _, err := ParseLevel(c.LogLevel); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
+}

@@ -1,0 +1,36 @@
+// Package agent is ringipamd, the host agent: one long-running process per
+// host, beside the CNI plugins and the Docker driver, sharing their packages
+// and store.
+//
+// Contract:
+//
+//   - Liveness: on etcd the agent keeps its host's liveness key
+//     (pool.LivenessKey) on a lease it renews; the key vanishes one lease
+//     TTL after the agent dies (SIGKILL included), at once when it stops
+//     cleanly. A host without the key is down; down longer than OrphanAfter
+//     (default 48h), orphaned. Every Heartbeat it also writes the host's
+//     last-seen time and address (where other hosts forward its ingress
+//     ports), and learns whether it was orphaned while away: it then logs
+//     it at error level, shows it on its status page and in
+//     ringipam_host_orphaned, until an operator acknowledges it.
+//   - Reclaim: every SweepInterval it runs pool.Allocator.Sweep (orphaned
+//     hosts' ranges tombstoned, their owners released) and releases the
+//     published ports of orphaned hosts. Agents sweep concurrently without
+//     an election: every reclaiming commit is conditioned on what it read
+//     and on the host's liveness key being absent, so each owner is
+//     released exactly once and nothing of a live host is touched.
+//   - Ingress: for every ingress port held on another (not orphaned) host,
+//     the agent's own nftables table DNATs packets to a local address on
+//     that port to the holder's recorded address, and masquerades them so
+//     replies return through this host. The table is rewritten whole when
+//     the ports change (an etcd watch, or the SyncInterval poll), and
+//     removed when the agent stops.
+//   - HTTP (Listen, loopback by default): / is the status page (an SVG ring
+//     per pool: ranges coloured by host, fill level, tombstones; one band
+//     per host), /status.json the same data, /metrics Prometheus metrics,
+//     /healthz 200 while the liveness record is held. Pages are served from
+//     a snapshot read every StatusRefresh; a request never waits on the
+//     store unless no snapshot exists yet.
+//   - Every store operation runs under Timeout; failures are logged,
+//     counted in ringipam_store_errors_total and retried on the next tick.
+package agent

@@ -1,0 +1,109 @@
+package agent
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are the agent's Prometheus metrics, on a registry of their own.
+// Gauges of pools and hosts come from the latest snapshot at scrape time
+// (a scrape never reads the store); counters count what this agent did.
+type metrics struct {
+	registry   *prometheus.Registry
+	reclaims   prometheus.Counter
+	released   prometheus.Counter
+	ports      prometheus.Counter
+	storeErrs  *prometheus.CounterVec
+	syncErrs   prometheus.Counter
+	snapshotFn func() *Snapshot
+}
+
+var (
+	descPoolAddrs = prometheus.NewDesc("ringipam_pool_addresses", "Addresses of a pool by state: used (held by an owner) or available (capacity minus used; held reservations not subtracted).", []string{"pool", "state"}, nil)
+	descHostAddrs = prometheus.NewDesc("ringipam_pool_host_addresses", "Addresses held in a pool by the owners of each host.", []string{"pool", "host"}, nil)
+	descRanges    = prometheus.NewDesc("ringipam_pool_ranges", "Ranges of a pool's ring by owning host (\"\" unowned) and whether tombstoned.", []string{"pool", "host", "tombstone"}, nil)
+	descHosts     = prometheus.NewDesc("ringipam_hosts", "Hosts the store knows, by state (up, down, orphaned).", []string{"state"}, nil)
+	descOrphaned  = prometheus.NewDesc("ringipam_host_orphaned", "1 while this host is marked orphaned (its old containers lost their addresses) and nobody acknowledged it.", nil, nil)
+	descLiveness  = prometheus.NewDesc("ringipam_liveness_held", "1 while this agent holds its host's liveness record.", nil, nil)
+	descForwards  = prometheus.NewDesc("ringipam_ingress_forwards", "Ingress ports of other hosts this host forwards.", nil, nil)
+	descTaken     = prometheus.NewDesc("ringipam_snapshot_timestamp_seconds", "When the pool and host figures were read from the store.", nil, nil)
+)
+
+func newMetrics(snapshot func() *Snapshot) *metrics {
+	m := &metrics{
+		registry: prometheus.NewRegistry(),
+		reclaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_reclaims_total",
+			Help: "Hosts this agent reclaimed (orphaned hosts whose ranges it tombstoned)."}),
+		released: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_reclaimed_owners_total",
+			Help: "Owners of orphaned hosts this agent released."}),
+		ports: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_reclaimed_port_endpoints_total",
+			Help: "Endpoints with published ports on orphaned hosts this agent released."}),
+		storeErrs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_store_errors_total",
+			Help: "Failed store operations of the agent, by operation."}, []string{"op"}),
+		syncErrs: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_ingress_sync_errors_total",
+			Help: "Ingress forward syncs that failed to reach the packet filter."}),
+		snapshotFn: snapshot,
+	}
+	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Describe implements prometheus.Collector.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descPoolAddrs, descHostAddrs, descRanges, descHosts, descOrphaned, descLiveness, descForwards, descTaken} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector from the latest snapshot.
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	s := m.snapshotFn()
+	if s == nil {
+		return
+	}
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, p := range s.Pools {
+		gauge(descPoolAddrs, float64(p.Usage.Used), p.Name, "used")
+		gauge(descPoolAddrs, float64(p.Usage.Available), p.Name, "available")
+		for _, h := range p.Usage.Hosts {
+			gauge(descHostAddrs, float64(h.Used), p.Name, h.Host)
+		}
+		type key struct {
+			host string
+			tomb bool
+		}
+		ranges := map[key]int{}
+		for _, r := range p.Ring.Ranges {
+			ranges[key{r.Host, r.Tombstone}]++
+		}
+		for k, n := range ranges {
+			t := "false"
+			if k.tomb {
+				t = "true"
+			}
+			gauge(descRanges, float64(n), p.Name, k.host, t)
+		}
+	}
+	states := map[string]int{"up": 0, "down": 0, "orphaned": 0}
+	for _, h := range s.Hosts {
+		states[string(h.State)]++
+	}
+	for st, n := range states {
+		gauge(descHosts, float64(n), st)
+	}
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	gauge(descOrphaned, b2f(!s.Orphaned.IsZero()))
+	gauge(descLiveness, b2f(s.Liveness))
+	gauge(descForwards, float64(len(s.Forwards)))
+	if !s.Taken.IsZero() {
+		gauge(descTaken, float64(s.Taken.UnixNano())/1e9)
+	}
+}

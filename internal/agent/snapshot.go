@@ -1,0 +1,106 @@
+package agent
+
+import (
+	"context"
+	"math/big"
+	"net/netip"
+	"sort"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/pool"
+)
+
+// Snapshot is what the status page and the pool metrics show: read from
+// the store every StatusRefresh, served from memory in between.
+type Snapshot struct {
+	Taken    time.Time       `json:"taken"`
+	Host     string          `json:"host"`
+	Addr     string          `json:"addr,omitempty"`
+	Liveness bool            `json:"liveness"` // this agent holds its liveness record
+	Orphaned time.Time       `json:"orphaned,omitzero"`
+	Hosts    []pool.HostInfo `json:"hosts"`
+	Pools    []PoolView      `json:"pools"`
+	Forwards []Forward       `json:"forwards"`
+	Problems []string        `json:"problems,omitempty"`
+}
+
+// PoolView is one pool's ring with how full each range is.
+type PoolView struct {
+	Name  string     `json:"name"`
+	Usage pool.Usage `json:"usage"`
+	Ring  pool.Ring  `json:"ring"`
+	// Used[i] is how many addresses are held in Ring.Ranges[i].
+	Used []uint64 `json:"used"`
+	// Size[i] is how many addresses Ring.Ranges[i] spans (as a float: IPv6
+	// ranges do not fit an integer).
+	Size []float64 `json:"size"`
+}
+
+// poolReader is what a snapshot needs of the pool library.
+type poolReader interface {
+	Pools(ctx context.Context) ([]pool.Def, error)
+	Usage(ctx context.Context, pool string) (pool.Usage, error)
+	RingOf(ctx context.Context, pool string) (pool.Ring, error)
+	List(ctx context.Context, f pool.Filter) ([]pool.Allocation, error)
+}
+
+// readPools reads every pool's view.
+func readPools(ctx context.Context, r poolReader) ([]PoolView, error) {
+	defs, err := r.Pools(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []PoolView
+	for _, d := range defs {
+		u, err := r.Usage(ctx, d.Name)
+		if err != nil {
+			return nil, err
+		}
+		ring, err := r.RingOf(ctx, d.Name)
+		if err != nil {
+			return nil, err
+		}
+		allocs, err := r.List(ctx, pool.Filter{Pool: d.Name})
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, viewOf(d.Name, u, ring, allocs))
+	}
+	return out, nil
+}
+
+// viewOf counts the held addresses of each range (pure).
+func viewOf(name string, u pool.Usage, ring pool.Ring, allocs []pool.Allocation) PoolView {
+	v := PoolView{Name: name, Usage: u, Ring: ring, Used: make([]uint64, len(ring.Ranges)), Size: make([]float64, len(ring.Ranges))}
+	for i, r := range ring.Ranges {
+		v.Size[i] = spanSize(r.Start, r.End)
+	}
+	for _, a := range allocs {
+		for _, x := range a.Addrs {
+			if x.Pool != name {
+				continue
+			}
+			if i := rangeIndex(ring, x.Addr); i >= 0 {
+				v.Used[i]++
+			}
+		}
+	}
+	return v
+}
+
+// rangeIndex finds the range holding addr (ranges are sorted by start).
+func rangeIndex(ring pool.Ring, addr netip.Addr) int {
+	i := sort.Search(len(ring.Ranges), func(i int) bool { return ring.Ranges[i].End.Compare(addr) >= 0 })
+	if i < len(ring.Ranges) && ring.Ranges[i].Start.Compare(addr) <= 0 {
+		return i
+	}
+	return -1
+}
+
+// spanSize is end-start+1 as a float.
+func spanSize(start, end netip.Addr) float64 {
+	s := new(big.Int).SetBytes(start.AsSlice())
+	e := new(big.Int).SetBytes(end.AsSlice())
+	f, _ := new(big.Float).SetInt(e.Sub(e, s).Add(e, big.NewInt(1))).Float64()
+	return f
+}
