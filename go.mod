@@ -16,6 +16,7 @@ require (
 	go.uber.org/zap v1.27.0
 	golang.org/x/sys v0.49.0
 	google.golang.org/grpc v1.83.2
+	k8s.io/cri-api v0.35.6
 	sigs.k8s.io/knftables v0.0.18
 )
 

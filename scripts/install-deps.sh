@@ -19,6 +19,9 @@ die() { log "error: $*"; exit 1; }
 # make runs the build; gcc and libc6-dev are what `go test -race` (cgo) needs.
 PACKAGES=(etcd-server etcd-client docker.io nftables iptables iproute2 iputils-ping netcat-openbsd conntrack chromium podman
 	make gcc libc6-dev ca-certificates)
+# containerd and runc come with docker.io; named because integration/cri runs
+# containerd (CRI) itself, with util-linux's unshare and nsenter.
+PACKAGES+=(containerd runc util-linux)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

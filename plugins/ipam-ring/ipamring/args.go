@@ -1,5 +1,6 @@
 // This file: what the runtime adds per invocation: CNI_ARGS, the ips and
-// ipRanges capabilities, args.cni.ips, and GC's valid attachments.
+// ipRanges capabilities, args.cni.ips, the pod annotation asking for an
+// address, and GC's valid attachments.
 
 package ipamring
 
@@ -11,6 +12,14 @@ import (
 
 	"github.com/ringipam/ringipam/pkg/pool"
 )
+
+// IPAnnotation is the pod annotation asking for static addresses, one per
+// range set, comma-separated ("198.18.0.9" or "198.18.0.9,2001:db8::9"),
+// like CNI_ARGS IP=. Kubernetes runtimes send no "ips" capability, so this
+// is how a pod asks for an address; ipam-ring sees it only when the
+// conflist's main plugin declares the "io.kubernetes.cri.pod-annotations"
+// capability.
+const IPAnnotation = "ringipam.io/ip"
 
 // loadStatics assigns every requested static address to the one range set
 // whose subnets contain it.
@@ -27,6 +36,11 @@ func (c *Config) loadStatics(n *netJSON, args cniArgs) error {
 	}
 	for _, s := range n.RuntimeConfig.IPs {
 		all = append(all, src{"runtimeConfig ips", s})
+	}
+	for _, s := range strings.Split(n.RuntimeConfig.Annotations[IPAnnotation], ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			all = append(all, src{"pod annotation " + IPAnnotation, s})
+		}
 	}
 	for _, x := range all {
 		a, err := parseAddrMaybeCIDR(strings.TrimSpace(x.s))

@@ -154,6 +154,10 @@ type netJSON struct {
 	RuntimeConfig struct {
 		IPs      []string      `json:"ips"`
 		IPRanges [][]rangeJSON `json:"ipRanges"`
+		// The pod's annotations, sent by containerd and CRI-O when the
+		// main plugin declares the capability (ipam-ring gets the main
+		// plugin's stdin).
+		Annotations map[string]string `json:"io.kubernetes.cri.pod-annotations"`
 	} `json:"runtimeConfig"`
 	Args *struct {
 		CNI *struct {

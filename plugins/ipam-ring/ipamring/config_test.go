@@ -88,6 +88,30 @@ func TestLoadCases(t *testing.T) {
 				t.Errorf("static %v", c.RangeSets[0].Static)
 			}
 		}},
+		// What containerd 1.6 sends (LAB.md, "containerd over CRI"): the
+		// K8S_* keys with IgnoreUnknown, the runtimeConfig of the main
+		// plugin's capabilities in Go field case, never "ips".
+		{name: "containerd pod with ip annotation", ipam: `{"host":"h","reservationFromPod":true,` + r46 + `}`,
+			args:  "IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=db-0;K8S_POD_INFRA_CONTAINER_ID=4f1e;K8S_POD_UID=1b2c",
+			extra: `"runtimeConfig":{"portMappings":[{"HostPort":38080,"ContainerPort":80,"Protocol":"tcp","HostIP":""}],"dns":{"Servers":["198.18.0.53"]},"io.kubernetes.cri.pod-annotations":{"ringipam.io/ip":" 198.18.0.10 , 2001:db8::10","other":"x"}},`,
+			check: func(t *testing.T, c *Config) {
+				if c.RangeSets[0].Static != netip.MustParseAddr("198.18.0.10") || c.RangeSets[1].Static != netip.MustParseAddr("2001:db8::10") {
+					t.Errorf("statics %+v", c.RangeSets)
+				}
+				if c.Reservation != "db/db-0" {
+					t.Errorf("reservation %q", c.Reservation)
+				}
+			}},
+		{name: "containerd pod without ip annotation", ipam: `{"host":"h",` + r4 + `}`, args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=db-0",
+			extra: `"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"other":"198.18.0.10"}},`,
+			check: func(t *testing.T, c *Config) {
+				if c.RangeSets[0].Static.IsValid() || c.Reservation != "" {
+					t.Errorf("static %v reservation %q", c.RangeSets[0].Static, c.Reservation)
+				}
+			}},
+		{name: "ip annotation not an address", ipam: `{"host":"h",` + r4 + `}`, extra: `"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"ringipam.io/ip":"db-0"}},`, wantErr: "pod annotation ringipam.io/ip"},
+		{name: "ip annotation outside ranges", ipam: `{"host":"h",` + r4 + `}`, extra: `"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"ringipam.io/ip":"198.19.0.1"}},`, wantErr: "not in any configured range"},
+		{name: "ip annotation and CNI_ARGS IP disagree", ipam: `{"host":"h",` + r4 + `}`, args: "IP=198.18.0.11", extra: `"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"ringipam.io/ip":"198.18.0.10"}},`, wantErr: "two IPs"},
 		{name: "static outside ranges", ipam: `{"host":"h",` + r4 + `}`, args: "IP=198.19.0.1", wantErr: "not in any configured range"},
 		{name: "two statics one set", ipam: `{"host":"h",` + r4 + `}`, args: "IP=198.18.0.1,198.18.0.2", wantErr: "two IPs"},
 		{name: "unknown CNI_ARGS", ipam: `{"host":"h",` + r4 + `}`, args: "FOO=1", wantErr: "unknown keys"},

@@ -308,3 +308,112 @@ func TestReservationSurvivesRecreate(t *testing.T) {
 		t.Fatalf("recreated pod got %s, had %s", again.IPs[0].Address.String(), first.IPs[0].Address.String())
 	}
 }
+
+// TestContainerdSequence replays, through the skel edge, the calls
+// containerd 1.6's CRI plugin makes for pods (LAB.md "containerd over
+// CRI"): CNI_ARGS with K8S_* and IgnoreUnknown, the main plugin's stdin
+// with runtimeConfig in Go field case and no "ips", DEL at stop with the
+// netns and again at remove without it, and a DEL right after every failed
+// ADD.
+func TestContainerdSequence(t *testing.T) {
+	st := memory.New()
+	out := &bytes.Buffer{}
+	e := Edge{Stdout: out, Open: func(ctx context.Context, c *Config) (Allocator, func() error, error) {
+		a, err := pool.New(st, c.Host)
+		return a, func() error { return nil }, err
+	}}
+	const ipam = `{"type":"ipam-ring","host":"node-a","reservationFromPod":true,"ranges":[[{"subnet":"198.18.0.0/28"}]]}`
+	stdin := func(annotations string) []byte {
+		return []byte(`{"cniVersion":"1.0.0","name":"k8s","type":"bridge","bridge":"cni0","isGateway":true,` +
+			`"runtimeConfig":{"portMappings":[{"HostPort":38080,"ContainerPort":80,"Protocol":"tcp","HostIP":""}],` +
+			`"io.kubernetes.cri.pod-annotations":{` + annotations + `}},"ipam":` + ipam + `}`)
+	}
+	args := func(ns, name, sandbox, netns string, annotations string) *skel.CmdArgs {
+		return &skel.CmdArgs{ContainerID: sandbox, Netns: netns, IfName: "eth0", StdinData: stdin(annotations),
+			Args: "K8S_POD_NAMESPACE=" + ns + ";K8S_POD_NAME=" + name + ";K8S_POD_INFRA_CONTAINER_ID=" + sandbox + ";K8S_POD_UID=uid-" + sandbox + ";IgnoreUnknown=1"}
+	}
+	add := func(a *skel.CmdArgs) (string, error) {
+		out.Reset()
+		if err := e.Add(a); err != nil {
+			return "", err
+		}
+		r, err := current.NewResult(out.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.(*current.Result).IPs[0].Address.IP.String(), nil
+	}
+	// run is RunPodSandbox: ADD, and on failure DEL at once.
+	run := func(a *skel.CmdArgs) (string, error) {
+		ip, err := add(a)
+		if err != nil {
+			if derr := e.Del(a); derr != nil {
+				t.Fatalf("DEL after failed ADD of %s: %v", a.ContainerID, derr)
+			}
+		}
+		return ip, err
+	}
+	// remove is StopPodSandbox then RemovePodSandbox.
+	remove := func(a *skel.CmdArgs) {
+		t.Helper()
+		if err := e.Del(a); err != nil {
+			t.Fatalf("DEL at stop of %s: %v", a.ContainerID, err)
+		}
+		noNS := *a
+		noNS.Netns = ""
+		if err := e.Del(&noNS); err != nil {
+			t.Fatalf("DEL at remove of %s: %v", a.ContainerID, err)
+		}
+	}
+	a := newAlloc(t, st, "node-a")
+	holders := func() map[string]string {
+		allocs, err := a.List(context.Background(), pool.Filter{Kind: pool.KindCNI, Network: "k8s"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]string{}
+		for _, al := range allocs {
+			m[al.Owner.ContainerID] = al.Addrs[0].Addr.String()
+		}
+		return m
+	}
+
+	db0 := args("db", "db-0", "sb1", "/var/run/netns/cni-1", "")
+	first, err := run(db0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A second sandbox of the same pod while the first lives: refused
+	// (the reservation has a live owner), and its DEL leaves the first's
+	// address alone.
+	if _, err := run(args("db", "db-0", "sb2", "/var/run/netns/cni-2", "")); codeOf(err) != 100 || !strings.Contains(err.Error(), "db/db-0") {
+		t.Fatalf("second sandbox of db/db-0: %v (code %d), want 100 naming the reservation", err, codeOf(err))
+	}
+	if h := holders(); h["sb1"] != first || len(h) != 1 {
+		t.Fatalf("after the refused sandbox the store holds %v, want sb1 on %s only", h, first)
+	}
+	remove(db0)
+	if h := holders(); len(h) != 0 {
+		t.Fatalf("after stop and remove the store holds %v", h)
+	}
+	// Another pod asking for the held address is refused, naming the
+	// reservation; a pod asking for a free one gets it.
+	web := args("default", "web", "sb3", "/var/run/netns/cni-3", `"ringipam.io/ip":"`+first+`"`)
+	if _, err := run(web); codeOf(err) != 100 || !strings.Contains(err.Error(), "db/db-0") {
+		t.Fatalf("web asking for %s held for db/db-0: %v (code %d)", first, err, codeOf(err))
+	}
+	web2 := args("default", "web", "sb4", "/var/run/netns/cni-4", `"ringipam.io/ip":"198.18.0.9"`)
+	if ip, err := run(web2); err != nil || ip != "198.18.0.9" {
+		t.Fatalf("web asking for the free 198.18.0.9: %s, %v", ip, err)
+	}
+	// The recreated pod gets its address back.
+	db0b := args("db", "db-0", "sb5", "/var/run/netns/cni-5", "")
+	if ip, err := run(db0b); err != nil || ip != first {
+		t.Fatalf("recreated db/db-0 got %s (%v), had %s", ip, err, first)
+	}
+	remove(web2)
+	remove(db0b)
+	if h := holders(); len(h) != 0 {
+		t.Fatalf("at the end the store holds %v", h)
+	}
+}
