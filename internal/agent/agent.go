@@ -194,6 +194,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Sweep && a.cfg.OrphanAfter > 0 {
 		loop(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.SweepInterval), a.sweep) })
 	}
+	if a.cfg.Sweep {
+		loop(func(ctx context.Context) { a.every(ctx, pool.CompactHistoryEvery, a.compactHistory) })
+	}
 	if a.cfg.Ingress {
 		loop(a.ingressLoop)
 	}
@@ -308,6 +311,19 @@ func (a *Agent) sweep(ctx context.Context) {
 			a.metrics.ports.Add(float64(n))
 			a.log.Warn("released the published ports of an orphaned host", "host", h.Name, "endpoints", n)
 		}
+	}
+}
+
+// compactHistory keeps the newest pool.HistoryKeep events of every address
+// (the history is written without reads, one key per event). Several
+// agents compacting at once delete the same keys, which is harmless.
+func (a *Agent) compactHistory(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Duration(a.cfg.Timeout))
+	defer cancel()
+	n, err := a.alloc.CompactHistory(ctx, pool.HistoryKeep, 0)
+	a.storeError("compact-history", err)
+	if n > 0 {
+		a.log.Info("compacted the address history", "eventsDeleted", n, "keptPerAddress", pool.HistoryKeep)
 	}
 }
 

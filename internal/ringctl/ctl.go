@@ -111,7 +111,7 @@ func (m OwnerMatch) Exact() (pool.Owner, bool) {
 // Action is one change a repair made (or, in a dry run, would make).
 type Action struct {
 	// Do is what: release, drop-hold, reclaim, hand-over, release-ports,
-	// drop-ended-hold, adopt, ack.
+	// drop-ended-hold, compact-history, adopt, ack.
 	Do string `json:"do"`
 	// Target is whom: an owner, a host, an endpoint, a reservation.
 	Target string       `json:"target"`

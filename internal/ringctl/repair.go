@@ -308,10 +308,31 @@ func (c *Ctl) GC(ctx context.Context, dry bool) (Actions, error) {
 		out.add(Action{Do: "drop-ended-hold", Target: holdName(h.Kind, h.Network, h.Reservation), Host: h.Host,
 			Pools: []string{h.Pool}, Addrs: []netip.Addr{h.Addr}, Detail: "hold ended " + stamp(h.Until)})
 	}
+	if err := c.compactHistory(ctx, dry, &out); err != nil {
+		return out, err
+	}
 	if len(out.Actions) == 0 {
-		out.note("nothing to collect: no orphaned host (orphanAfter %s), no ended hold", c.OrphanAfter)
+		out.note("nothing to collect: no orphaned host (orphanAfter %s), no ended hold, no history beyond %d events per address", c.OrphanAfter, pool.HistoryKeep)
 	}
 	return out, nil
+}
+
+// compactHistory deletes the address history beyond the newest
+// pool.HistoryKeep events per address (what the host agents do hourly).
+func (c *Ctl) compactHistory(ctx context.Context, dry bool, out *Actions) error {
+	var n int
+	var err error
+	if dry {
+		n, err = c.Pool.PlanCompactHistory(ctx, pool.HistoryKeep, 0)
+	} else {
+		n, err = c.Pool.CompactHistory(ctx, pool.HistoryKeep, 0)
+	}
+	if err != nil || n == 0 {
+		return err
+	}
+	out.add(Action{Do: "compact-history", Target: "address history",
+		Detail: fmt.Sprintf("%d events beyond the newest %d per address", n, pool.HistoryKeep)})
+	return nil
 }
 
 // HostAck clears host's orphaned mark (its STATUS then succeeds again): the

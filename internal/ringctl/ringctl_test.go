@@ -576,3 +576,48 @@ func TestMainOnLocalStore(t *testing.T) {
 		t.Fatalf("history of an unknown address: %d %s", code, errb.String())
 	}
 }
+
+// gc compacts the address history to the newest pool.HistoryKeep events per
+// address, and its dry run counts exactly what the run deletes.
+func TestGCCompactsHistory(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t)
+	a := w.hosts["node-a"]
+	addr := netip.MustParseAddr("198.18.0.200")
+	for i := range 12 { // 24 events on one address
+		o := pool.Owner{Kind: pool.KindCNI, Network: "net", ContainerID: fmt.Sprint("churn-", i), IfName: "eth0"}
+		if _, err := a.Allocate(ctx, pool.Request{Owner: o, Wants: []pool.Want{{Pool: "net-0", Role: pool.RoleIP, Addr: addr}}, Defs: w.defs[:1]}); err != nil {
+			t.Fatal(err)
+		}
+		w.clk.advance(time.Second)
+		if _, _, err := a.Release(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+		w.clk.advance(time.Second)
+	}
+	if evs, err := w.ctl.Pool.History(ctx, "net-0", addr); err != nil || len(evs) != 24 {
+		t.Fatalf("history before gc: %d events (want 24), %v", len(evs), err)
+	}
+	dry, err := w.ctl.GC(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Action{{Do: "compact-history", Target: "address history", Detail: fmt.Sprintf("%d events beyond the newest %d per address", 24-pool.HistoryKeep, pool.HistoryKeep)}}
+	if diff := cmp.Diff(want, dry.Actions, addrCmp); diff != "" {
+		t.Fatalf("gc dry run:\n%s", diff)
+	}
+	real, err := w.ctl.GC(ctx, false)
+	if err != nil || !cmp.Equal(dry.Actions, real.Actions, addrCmp) {
+		t.Fatalf("gc: %+v %v, dry run said %+v", real, err, dry)
+	}
+	evs, err := w.ctl.Pool.History(ctx, "net-0", addr)
+	if err != nil || len(evs) != pool.HistoryKeep {
+		t.Fatalf("history after gc: %d events (want %d), %v", len(evs), pool.HistoryKeep, err)
+	}
+	if last := evs[len(evs)-1]; last.What != pool.EventRelease || !strings.Contains(last.Owner, "churn-11") {
+		t.Fatalf("newest event after gc: %+v", last)
+	}
+	if again, err := w.ctl.GC(ctx, true); err != nil || len(again.Actions) != 0 {
+		t.Fatalf("gc after gc: %+v %v", again, err)
+	}
+}

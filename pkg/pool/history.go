@@ -16,14 +16,14 @@ import (
 // History: every commit that allocates, releases, holds or reclaims an
 // address also writes one event key for it,
 //
-//	y/<pool>/<hex address>/<slot>
+//	y/<pool>/<hex address>/<event time, 16 hex digits of Unix nanoseconds>
 //
 // a blind put in the same transaction (no extra read, one more operation),
-// so "who had this address, and when" survives the owners. The slot is one
-// of historySlots, picked from the event's time, so the history of an
-// address is bounded without any read: the newest event is always there,
-// older ones until a later event lands on their slot. CompactHistory trims
-// further: at most keep events per address, none older than maxAge.
+// so "who had this address, and when" survives the owners. Keys by time
+// never collide for the events of one address (they are commits on the
+// same address key, one after the other), so no event is overwritten; the
+// history is bounded by CompactHistory (the newest HistoryKeep per address),
+// which the host agent runs every hour and `ringctl gc` runs on demand.
 
 // Event is one change of an address's holder.
 type Event struct {
@@ -45,13 +45,16 @@ const (
 
 // historyOp is the put that records ev for addr of pool.
 func historyOp(pool string, addr netip.Addr, ev Event) store.Op {
-	key := historyPrefix(pool, toU128(addr), addr.Is4()) + fmt.Sprintf("%02d", uint64(ev.Time.UnixMicro())%historySlots)
+	key := historyPrefix(pool, toU128(addr), addr.Is4()) + fmt.Sprintf("%016x", uint64(ev.Time.UnixNano()))
 	b, _ := json.Marshal(ev)
 	return store.Put(key, b)
 }
 
-// historySlots bounds the events kept per address.
-const historySlots = 16
+// HistoryKeep is how many events per address compaction keeps by default.
+const HistoryKeep = 16
+
+// CompactHistoryEvery is how often the host agent compacts the history.
+const CompactHistoryEvery = time.Hour
 
 // History returns the recorded events of addr in pool, oldest first.
 func (a *Allocator) History(ctx context.Context, pool string, addr netip.Addr) ([]Event, error) {
@@ -84,19 +87,17 @@ func (a *Allocator) History(ctx context.Context, pool string, addr netip.Addr) (
 	return out, nil
 }
 
-// CompactHistory deletes events beyond the newest keep per address and
-// events older than maxAge (0: no age limit), over every pool, and returns
-// how many it deleted. It deletes in commits of at most store.MaxOps keys;
-// running it from several processes at once is harmless.
-func (a *Allocator) CompactHistory(ctx context.Context, keep int, maxAge time.Duration) (int, error) {
+// historyBeyond returns the keys of the events beyond the newest keep per
+// address and of those older than maxAge (0: no age limit).
+func (a *Allocator) historyBeyond(ctx context.Context, keep int, maxAge time.Duration) ([]string, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
 	if err := a.ensureLayout(ctx); err != nil {
-		return 0, err
+		return nil, err
 	}
 	kvs, err := a.st.Scan(ctx, prefixHistory, store.PrefixEnd(prefixHistory), 0)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	cutoff := int64(0)
 	if maxAge > 0 {
@@ -123,6 +124,27 @@ func (a *Allocator) CompactHistory(ctx context.Context, keep int, maxAge time.Du
 				doomed = append(doomed, e.key)
 			}
 		}
+	}
+	return doomed, nil
+}
+
+// PlanCompactHistory returns how many events CompactHistory(keep, maxAge)
+// would delete now, without deleting any.
+func (a *Allocator) PlanCompactHistory(ctx context.Context, keep int, maxAge time.Duration) (int, error) {
+	doomed, err := a.historyBeyond(ctx, keep, maxAge)
+	return len(doomed), err
+}
+
+// CompactHistory deletes events beyond the newest keep per address and
+// events older than maxAge (0: no age limit), over every pool, and returns
+// how many it deleted. It deletes in commits of at most store.MaxOps keys;
+// running it from several processes at once is harmless.
+func (a *Allocator) CompactHistory(ctx context.Context, keep int, maxAge time.Duration) (int, error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	doomed, err := a.historyBeyond(ctx, keep, maxAge)
+	if err != nil {
+		return 0, err
 	}
 	deleted := 0
 	for len(doomed) > 0 {
