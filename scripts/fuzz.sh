@@ -17,6 +17,7 @@ TARGETS=(
 	docker-driver/driver:FuzzRequests
 	docker-driver/driver:FuzzParsePoolID
 	pkg/storeconfig:FuzzDuration
+	plugins/portmap-ingress/portmap:FuzzLoadMappings
 )
 for pkg in pkg/portalloc; do
 	[[ -d $pkg ]] || continue

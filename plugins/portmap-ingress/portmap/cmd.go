@@ -2,6 +2,7 @@ package portmap
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -113,8 +114,9 @@ func attachment(c *Config, args *skel.CmdArgs) portalloc.EndpointID {
 	return portalloc.EndpointID{Network: c.Network, ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
-// Add is the ADD verb: publish, then pass prevResult on unchanged. The
-// chosen ports are logged on stderr and kept in the store (see README).
+// Add is the ADD verb: publish, then pass prevResult on with the chosen
+// ports added under "portMappings" (see publishedResult). The chosen ports
+// are also logged on stderr and kept in the store (see README).
 func (e Edge) Add(args *skel.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
 	if err != nil {
@@ -123,13 +125,14 @@ func (e Edge) Add(args *skel.CmdArgs) error {
 	if c.PrevResult == nil && c.MappingsErr == nil {
 		return wire(badConfig("portmap-ingress is a chained plugin: it needs a prevResult (put it after the main plugin)"))
 	}
+	var pub Published
 	if c.MappingsErr == nil && len(c.Mappings) > 0 {
 		id := attachment(c, args)
 		err = e.run(c, func(ctx context.Context, o Opened) error {
 			if err := needDataplane(o); err != nil {
 				return err
 			}
-			pub, err := Add(ctx, o.Ports, o.Dataplane, c, id)
+			pub, err = Add(ctx, o.Ports, o.Dataplane, c, id)
 			if err != nil {
 				return err
 			}
@@ -150,7 +153,57 @@ func (e Edge) Add(args *skel.CmdArgs) error {
 	if err != nil {
 		return wire(badConfig("cannot express the result as CNI %s: %v", c.CNIVersion, err))
 	}
-	return wire(r.PrintTo(out))
+	if len(pub.Ports) == 0 {
+		return wire(r.PrintTo(out))
+	}
+	b, err := publishedResult(r, c.Mappings, pub.Ports)
+	if err != nil {
+		return wire(fmt.Errorf("writing the result: %w", err))
+	}
+	_, err = out.Write(b)
+	return wire(err)
+}
+
+// ResultMapping is one published port as ADD reports it in its result: the
+// request's mapping with the host port the allocator chose (a dynamic one
+// included) and its mode.
+type ResultMapping struct {
+	HostPort      uint16 `json:"hostPort"`
+	ContainerPort uint16 `json:"containerPort"`
+	Protocol      string `json:"protocol"`
+	HostIP        string `json:"hostIP,omitempty"`
+	Mode          string `json:"mode"`
+}
+
+// publishedResult is r as JSON with one more top-level key, "portMappings",
+// listing the published ports in the order of the request. The CNI result
+// types have no field for ports: a runtime or chained plugin that decodes
+// the result into them ignores the key (so nothing downstream breaks), and
+// a caller that reads the plugin's output sees the chosen ports.
+func publishedResult(r types.Result, mappings []Mapping, ports []portalloc.Port) ([]byte, error) {
+	raw, err := json.Marshal(r)
+	if err != nil {
+		return nil, err
+	}
+	var obj map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, err
+	}
+	list := make([]ResultMapping, len(ports))
+	for i, p := range ports {
+		m := ResultMapping{HostPort: p.Number, Protocol: p.Protocol, Mode: string(p.Mode)}
+		if i < len(mappings) {
+			m.ContainerPort = mappings[i].ContainerPort
+		}
+		if p.HostIP.IsValid() {
+			m.HostIP = p.HostIP.String()
+		}
+		list[i] = m
+	}
+	if obj["portMappings"], err = json.Marshal(list); err != nil {
+		return nil, err
+	}
+	return json.MarshalIndent(obj, "", "    ")
 }
 
 // log writes one line with the chosen ports, and the findings and warnings.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -100,10 +101,26 @@ func TestAddDelThroughTheEdge(t *testing.T) {
 	if err := e.Add(args("c1", stdin)); err != nil {
 		t.Fatal(err)
 	}
-	// prevResult passed on unchanged.
-	var res map[string]any
-	if err := json.Unmarshal(w.out.Bytes(), &res); err != nil || len(res["ips"].([]any)) != 2 {
+	// prevResult passed on, with the chosen ports beside it; the dynamic
+	// one is the port the log names.
+	var res struct {
+		IPs          []any           `json:"ips"`
+		Interfaces   []any           `json:"interfaces"`
+		PortMappings []ResultMapping `json:"portMappings"`
+	}
+	if err := json.Unmarshal(w.out.Bytes(), &res); err != nil || len(res.IPs) != 2 || len(res.Interfaces) != 3 {
 		t.Fatalf("result %s: %v", w.out.String(), err)
+	}
+	if len(res.PortMappings) != 2 ||
+		res.PortMappings[0] != (ResultMapping{HostPort: 8080, ContainerPort: 80, Protocol: "tcp", Mode: "host"}) ||
+		res.PortMappings[1].ContainerPort != 53 || res.PortMappings[1].Protocol != "udp" || res.PortMappings[1].Mode != "ingress" ||
+		res.PortMappings[1].HostPort < 30000 || res.PortMappings[1].HostPort > 30009 ||
+		!strings.Contains(w.log.String(), fmt.Sprintf("ingress udp %d->53", res.PortMappings[1].HostPort)) {
+		t.Fatalf("portMappings in the result: %+v (log %s)", res.PortMappings, w.log.String())
+	}
+	// A runtime decoding the result into the CNI types still can.
+	if _, err := current.NewResult(w.out.Bytes()); err != nil {
+		t.Fatalf("the result is no CNI result: %v", err)
 	}
 	if !strings.Contains(w.log.String(), "published host tcp 8080->80, ingress udp 3000") {
 		t.Fatalf("log: %s", w.log.String())
