@@ -95,11 +95,14 @@ func Main(m *testing.M, setup func(ctx context.Context, dir string) error) int {
 	return m.Run()
 }
 
-// Build runs `go build -o out pkg` in RepoRoot with the toolchain running
-// the tests; pkg is relative to the root ("./plugins/ipam-ring"). The error
-// carries the compiler's output.
+// Build builds pkg (relative to RepoRoot: "./plugins/ipam-ring") into out
+// with the toolchain running the tests, the way `make build` does: static
+// (CGO_ENABLED=0) and -trimpath, so the tests and benchmarks run the binary
+// an operator installs (a cgo build links libc dynamically and starts
+// slower). The error carries the compiler's output.
 func Build(ctx context.Context, out, pkg string) error {
-	build := GoCommand(ctx, RepoRoot, "build", "-o", out, pkg)
+	build := GoCommand(ctx, RepoRoot, "build", "-trimpath", "-o", out, pkg)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := build.CombinedOutput(); err != nil {
 		return fmt.Errorf("building %s: %v\n%s", pkg, err, b)
 	}

@@ -233,10 +233,13 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 		if limit > 0 && limit-len(out) < page {
 			page = limit - len(out)
 		}
+		// No WithSort: a range comes back in key order already, and etcd
+		// 3.4 answers any explicit sort by reading the whole range for
+		// every page (the limit applies after sorting), which made a scan
+		// of a large store quadratic.
 		opts := []clientv3.OpOption{
 			clientv3.WithRange(end),
 			clientv3.WithLimit(int64(page)),
-			clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend),
 		}
 		if rev != 0 {
 			opts = append(opts, clientv3.WithRev(rev))

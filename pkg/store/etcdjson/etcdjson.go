@@ -331,7 +331,9 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 		if limit > 0 && limit-len(out) < page {
 			page = limit - len(out)
 		}
-		req := map[string]any{"key": b64(key), "range_end": b64(end), "limit": page, "sort_order": "ASCEND", "sort_target": "KEY"}
+		// No sort_order: a range comes back in key order already, and an
+		// explicit sort makes etcd 3.4 read the whole range for every page.
+		req := map[string]any{"key": b64(key), "range_end": b64(end), "limit": page}
 		if rev != "" {
 			req["revision"] = rev
 		}

@@ -92,6 +92,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
 		{"MultiGetIsConsistent", testMultiGetConsistent},
 		{"ScanOrderBoundsLimit", testScan},
 		{"ScanBinaryKeysAndPrefixEnd", testScanBinary},
+		{"ScanAcrossPages", testScanAcrossPages},
 		{"CommitLimits", testLimits},
 		{"CanceledContext", testCanceled},
 		{"LargeValue", testLargeValue},
@@ -464,6 +465,47 @@ func testScanBinary(t *testing.T, s store.Store) {
 				}
 			}
 		})
+	}
+}
+
+// testScanAcrossPages: a scan larger than a backend's page (the etcd
+// stores read 1 000 keys a request) is whole and in byte order, written in
+// no order at all, with and without a limit that ends inside a page.
+func testScanAcrossPages(t *testing.T, s store.Store) {
+	const n = 2600
+	var keys []string
+	for i := range n {
+		// Digits of varying width, so byte order is not numeric order.
+		keys = append(keys, fmt.Sprintf("pg/%d/%x", i%7, i*7919))
+	}
+	order := slices.Clone(keys)
+	for i := range order { // a fixed shuffle: the write order says nothing
+		j := (i*104729 + 17) % len(order)
+		order[i], order[j] = order[j], order[i]
+	}
+	for len(order) > 0 {
+		k := min(store.MaxOps, len(order))
+		var ops []store.Op
+		for _, key := range order[:k] {
+			ops = append(ops, store.Put(key, []byte(key)))
+		}
+		mustCommit(t, s, nil, ops...)
+		order = order[k:]
+	}
+	sorted := slices.Clone(keys)
+	slices.Sort(sorted)
+	for _, limit := range []int{0, 1500, n} {
+		got := keysOf(mustScan(t, s, "pg/", store.PrefixEnd("pg/"), limit))
+		want := sorted
+		if limit > 0 && limit < n {
+			want = sorted[:limit]
+		}
+		if len(got) != len(want) {
+			t.Fatalf("Scan with limit %d returned %d keys, want %d", limit, len(got), len(want))
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("Scan with limit %d (-want +got):\n%s", limit, diff)
+		}
 	}
 }
 
