@@ -5,14 +5,17 @@ package chaos
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,30 +23,42 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ringipam/ringipam/pkg/portalloc"
+	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 // A host agent is this test binary run again (agentEnv set) inside a host's
 // network namespace and a UTS namespace of its own, whose host name it sets:
 // one "host" of the cluster, as a separate process with its own name. It
-// runs Workers workers, each calling the real plugin binary once per ADD or
-// DEL with the CNI environment, as a container runtime does, and writes one
-// JSON line per call to stdout. It obeys two commands on stdin: "stop"
-// (finish the calls in progress, then report the attachments still live)
-// and "gc" (run the plugin's GC with exactly those attachments, report,
-// exit).
+// runs Workers workers, each calling the real plugin binaries once per ADD
+// or DEL with the CNI environment, as a container runtime runs a conflist
+// of ipam-ring and portmap-ingress (ADD in order, DEL in reverse), and
+// writes one JSON line per call to stdout. It obeys two commands on stdin:
+// "stop" (finish the calls in progress, then report the attachments still
+// live) and "gc" (run both plugins' GC with exactly those attachments, read
+// the forwards left in the host's nftables table, report, exit).
 const agentEnv = "RINGIPAM_CHAOS_AGENT"
 
 // agentConfig is the agent's whole configuration, passed as JSON in agentEnv.
 type agentConfig struct {
-	Host    string          `json:"host"`
-	Index   int             `json:"index"`
-	Plugin  string          `json:"plugin"`
-	Conf    json.RawMessage `json:"conf"`  // the network configuration (CNI 1.1.0), without "host": the plugin uses the host name
-	Netns   string          `json:"netns"` // CNI_NETNS of the calls
-	Workers int             `json:"workers"`
-	// KillRate is the probability that a new container's ADD is SIGKILLed,
-	// after a delay drawn uniformly from [0, d) where d is how long the
-	// worker's last successful ADD took: mid-ADD, whatever the load.
+	Host   string          `json:"host"`
+	Index  int             `json:"index"`
+	Plugin string          `json:"plugin"`
+	Conf   json.RawMessage `json:"conf"` // the network configuration (CNI 1.1.0), without "host": the plugin uses the host name
+	// PortPlugin is portmap-ingress: ADD after every successful ADD of
+	// Plugin, with PortConf and Plugin's result as prevResult; DEL before
+	// every DEL of Plugin.
+	PortPlugin string          `json:"portPlugin"`
+	PortConf   json.RawMessage `json:"portConf"` // its configuration, without prevResult and "host"
+	Netns      string          `json:"netns"`    // CNI_NETNS of the calls
+	Workers    int             `json:"workers"`
+	// KillRate is the probability that a new container's ADD of a plugin
+	// (drawn for each of the two) is SIGKILLed, after a delay drawn
+	// uniformly from [0, d) where d is the shortest of the worker's last
+	// four successful ADDs of that plugin: mid-ADD, whatever the load (the
+	// shortest, so that one slow ADD, during a leader election, does not
+	// push the next kills past the end of their ADDs).
 	KillRate float64 `json:"killRate"`
 	// CallLimit bounds one invocation; one that runs longer (the plugin
 	// overran its own timeout) is killed and reported as unclear.
@@ -53,7 +68,8 @@ type agentConfig struct {
 
 // agentMsg is one line of an agent's stdout.
 type agentMsg struct {
-	Call *call      `json:"call,omitempty"`
+	Call *call      `json:"call,omitempty"` // an ipam-ring call
+	Port *call      `json:"port,omitempty"` // a portmap-ingress call
 	Done *agentDone `json:"done,omitempty"`
 	GC   *gcReport  `json:"gc,omitempty"`
 	Err  string     `json:"err,omitempty"`
@@ -62,14 +78,20 @@ type agentMsg struct {
 // agentDone lists the attachments that are live when the agent stopped:
 // the runtime's true list for GC.
 type agentDone struct {
-	Live  map[string]netip.Addr `json:"live"` // container ID -> address
-	Kills int                   `json:"kills"`
+	Live  map[string]netip.Addr        `json:"live"`  // container ID -> address
+	Ports map[string]portalloc.Address `json:"ports"` // container ID -> published port
+	Kills int                          `json:"kills"` // of both plugins
 }
 
+// gcReport is ipam-ring's GC; Ports is portmap-ingress's, Forwards what the
+// host's nftables table holds after both, by attachment mark.
 type gcReport struct {
-	OK       bool   `json:"ok"`
-	Attempts int    `json:"attempts"`
-	Msg      string `json:"msg,omitempty"`
+	OK          bool                      `json:"ok"`
+	Attempts    int                       `json:"attempts"`
+	Msg         string                    `json:"msg,omitempty"`
+	Ports       *gcReport                 `json:"ports,omitempty"`
+	Forwards    map[string][]portmap.Rule `json:"forwards,omitempty"`
+	ForwardsErr string                    `json:"forwardsErr,omitempty"`
 }
 
 // monotonic returns CLOCK_MONOTONIC in nanoseconds: one clock for every
@@ -97,7 +119,7 @@ func runAgent(raw string) int {
 		fmt.Fprintf(os.Stderr, "agent: host name is %q (%v), want %q\n", h, err, cfg.Host)
 		return 2
 	}
-	a := &agent{cfg: cfg, out: json.NewEncoder(os.Stdout), live: map[string]netip.Addr{}}
+	a := &agent{cfg: cfg, out: json.NewEncoder(os.Stdout), live: map[string]netip.Addr{}, ports: map[string]portalloc.Address{}}
 	cmds := make(chan string, 4)
 	go func() {
 		sc := bufio.NewScanner(os.Stdin)
@@ -115,7 +137,7 @@ func runAgent(raw string) int {
 	}
 	a.stopping.Store(true)
 	wg.Wait()
-	a.emit(agentMsg{Done: &agentDone{Live: a.live, Kills: int(a.kills.Load())}})
+	a.emit(agentMsg{Done: &agentDone{Live: a.live, Ports: a.ports, Kills: int(a.kills.Load())}})
 	if c, ok := <-cmds; !ok || c != "gc" {
 		return 0
 	}
@@ -125,9 +147,10 @@ func runAgent(raw string) int {
 
 type agent struct {
 	cfg      agentConfig
-	mu       sync.Mutex // guards out and live
+	mu       sync.Mutex // guards out, live and ports
 	out      *json.Encoder
 	live     map[string]netip.Addr
+	ports    map[string]portalloc.Address
 	stopping atomic.Bool
 	kills    atomic.Int64
 }
@@ -139,78 +162,144 @@ func (a *agent) emit(m agentMsg) {
 }
 
 // work is one worker: it keeps at most one attachment at a time. With none
-// it ADDs a new container; with one it either ADDs it again (which must
-// return the same address) or DELs it. After a failed ADD it DELs the
-// container, as runtimes do, until a DEL succeeds (a bounded number of
-// times). Container IDs are never reused.
+// it ADDs a new container (ipam-ring, then portmap-ingress with ipam-ring's
+// result); with one it either ADDs it again (both plugins, which must
+// return the same address and port) or DELs it. After a failed ADD of
+// either plugin it DELs the container, as runtimes do, until a DEL succeeds
+// (a bounded number of times). Container IDs are never reused.
 func (a *agent) work(w int) {
 	rng := rand.New(rand.NewPCG(a.cfg.Seed, uint64(w)))
 	client := a.cfg.Index*100 + w
 	n := 0
 	var cur string
-	lastAdd := 20 * time.Millisecond
+	var addTook, portAddTook recent
 	for !a.stopping.Load() {
 		if cur == "" {
 			n++
 			id := fmt.Sprintf("c%d-w%d-%d", a.cfg.Index, w, n)
-			kill := rng.Float64() < a.cfg.KillRate
-			delay := time.Duration(rng.Int64N(int64(lastAdd)))
-			c := a.invoke(client, "ADD", id, kill, delay)
+			kill, killPorts := rng.Float64() < a.cfg.KillRate, rng.Float64() < a.cfg.KillRate
+			delay := time.Duration(rng.Int64N(int64(addTook.shortest())))
+			portDelay := time.Duration(rng.Int64N(int64(portAddTook.shortest())))
+			c, res := a.invoke(client, false, "ADD", id, nil, kill, delay)
 			if c.Outcome == outOK {
-				lastAdd = max(time.Duration(c.Return-c.Call), time.Millisecond)
-				cur = id
-				a.setLive(id, c.Addr)
-				continue
+				addTook.add(c)
+				pc, _ := a.invoke(client, true, "ADD", id, res, killPorts, portDelay)
+				if pc.Outcome == outOK {
+					portAddTook.add(pc)
+					cur = id
+					a.setLive(id, c.Addr, pc.Port)
+					continue
+				}
 			}
 			a.delUntilDone(client, id)
 			continue
 		}
 		if rng.Float64() < 0.25 {
-			a.invoke(client, "ADD", cur, false, 0)
+			if c, res := a.invoke(client, false, "ADD", cur, nil, false, 0); c.Outcome == outOK {
+				a.invoke(client, true, "ADD", cur, res, false, 0)
+			}
 			continue
 		}
 		a.delUntilDone(client, cur)
-		a.setLive(cur, netip.Addr{})
+		a.setLive(cur, netip.Addr{}, portalloc.Address{})
 		cur = ""
 	}
 }
 
-func (a *agent) setLive(id string, addr netip.Addr) {
+// recent keeps how long a worker's last four successful ADDs of a plugin
+// took.
+type recent struct {
+	took [4]time.Duration
+	n    int
+}
+
+func (r *recent) add(c call) {
+	r.took[r.n%len(r.took)] = max(time.Duration(c.Return-c.Call), time.Millisecond)
+	r.n++
+}
+
+// shortest is the shortest of them, 20ms before the first.
+func (r *recent) shortest() time.Duration {
+	if r.n == 0 {
+		return 20 * time.Millisecond
+	}
+	return slices.Min(r.took[:min(r.n, len(r.took))])
+}
+
+func (a *agent) setLive(id string, addr netip.Addr, port portalloc.Address) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if addr.IsValid() {
-		a.live[id] = addr
+		a.live[id], a.ports[id] = addr, port
 	} else {
 		delete(a.live, id)
+		delete(a.ports, id)
 	}
 }
 
-// delUntilDone DELs id until a DEL succeeds, at most 8 times with a growing
-// pause. A container whose DELs all fail is gone for the runtime anyway:
-// the final GC must release what it may still hold.
+// delUntilDone DELs id as a runtime DELs a conflist, in reverse order:
+// portmap-ingress, then ipam-ring once portmap-ingress succeeded (libcni
+// stops at the first plugin that fails), until both succeed, at most 8
+// times with a growing pause. A container whose DELs all fail is gone for
+// the runtime anyway: the final GC must release what it may still hold.
 func (a *agent) delUntilDone(client int, id string) {
 	for i := range 8 {
-		if a.invoke(client, "DEL", id, false, 0).Outcome == outOK {
-			return
+		if c, _ := a.invoke(client, true, "DEL", id, nil, false, 0); c.Outcome == outOK {
+			if c, _ := a.invoke(client, false, "DEL", id, nil, false, 0); c.Outcome == outOK {
+				return
+			}
 		}
 		time.Sleep(time.Duration(i+1) * 200 * time.Millisecond)
 	}
 }
 
-// invoke runs the plugin once, records the call and returns it.
-func (a *agent) invoke(client int, command, id string, kill bool, killAfter time.Duration) call {
+// invoke runs ipam-ring (ports false) or portmap-ingress once, records the
+// call and returns it with the plugin's stdout. prev is portmap-ingress's
+// prevResult (ADD only).
+func (a *agent) invoke(client int, ports bool, command, id string, prev []byte, kill bool, killAfter time.Duration) (call, []byte) {
 	c := call{Client: client, Host: a.cfg.Host, Verb: strings.ToLower(command), Owner: "cni/" + id}
-	inv := a.exec(command, id, a.cfg.Conf, kill, killAfter)
+	plugin, conf := a.cfg.Plugin, []byte(a.cfg.Conf)
+	if ports {
+		var extra map[string]any
+		if prev != nil {
+			extra = map[string]any{"prevResult": json.RawMessage(prev)}
+		}
+		var err error
+		plugin = a.cfg.PortPlugin
+		if conf, err = withKeys(a.cfg.PortConf, extra); err != nil {
+			c.Outcome, c.Unclear = outFailed, "portmap-ingress configuration: "+err.Error()
+			a.emit(agentMsg{Port: &c})
+			return c, nil
+		}
+	}
+	inv := a.exec(plugin, command, id, conf, kill, killAfter)
 	c.Call, c.Return = inv.call, inv.ret
-	inv.classify(&c)
+	inv.classify(&c, ports)
 	if c.Unclear != "" && inv.stderr != "" {
 		c.Unclear += "; stderr: " + inv.stderr
 	}
 	if c.Killed {
 		a.kills.Add(1)
 	}
-	a.emit(agentMsg{Call: &c})
-	return c
+	if ports {
+		a.emit(agentMsg{Port: &c})
+	} else {
+		a.emit(agentMsg{Call: &c})
+	}
+	return c, inv.stdout
+}
+
+// withKeys returns the JSON object conf with the keys of extra set.
+func withKeys(conf json.RawMessage, extra map[string]any) ([]byte, error) {
+	if len(extra) == 0 {
+		return conf, nil
+	}
+	var m map[string]any
+	if err := json.Unmarshal(conf, &m); err != nil {
+		return nil, err
+	}
+	maps.Copy(m, extra)
+	return json.Marshal(m)
 }
 
 // invocation is what one run of the plugin did.
@@ -224,14 +313,14 @@ type invocation struct {
 	overran   bool // it ran past CallLimit and was killed for that
 }
 
-// exec runs the plugin with the CNI environment for command on container
-// id, feeding conf on stdin, and SIGKILLs it after killAfter when kill is
-// set, or when it runs past CallLimit.
-func (a *agent) exec(command, id string, conf []byte, kill bool, killAfter time.Duration) invocation {
-	cmd := exec.Command(a.cfg.Plugin)
+// exec runs plugin with the CNI environment for command on container id,
+// feeding conf on stdin, and SIGKILLs it after killAfter when kill is set,
+// or when it runs past CallLimit.
+func (a *agent) exec(plugin, command, id string, conf []byte, kill bool, killAfter time.Duration) invocation {
+	cmd := exec.Command(plugin)
 	cmd.Env = []string{
 		"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + a.cfg.Netns,
-		"CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(a.cfg.Plugin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+		"CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(plugin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
 	}
 	cmd.Stdin = bytes.NewReader(conf)
 	var stdout, stderr bytes.Buffer
@@ -241,12 +330,22 @@ func (a *agent) exec(command, id string, conf []byte, kill bool, killAfter time.
 		inv.ret = monotonic()
 		return inv
 	}
+	// A flag is set before its signal is sent: the process may die and
+	// Wait return before Signal does.
 	var sentKill, sentLimit atomic.Bool
+	sigkill := func(sent *atomic.Bool) func() {
+		return func() {
+			sent.Store(true)
+			if cmd.Process.Signal(syscall.SIGKILL) != nil {
+				sent.Store(false) // it had exited already
+			}
+		}
+	}
 	if kill {
-		t := time.AfterFunc(killAfter, func() { sentKill.Store(cmd.Process.Signal(syscall.SIGKILL) == nil) })
+		t := time.AfterFunc(killAfter, sigkill(&sentKill))
 		defer t.Stop()
 	}
-	limit := time.AfterFunc(a.cfg.CallLimit, func() { sentLimit.Store(cmd.Process.Signal(syscall.SIGKILL) == nil) })
+	limit := time.AfterFunc(a.cfg.CallLimit, sigkill(&sentLimit))
 	defer limit.Stop()
 	inv.err = cmd.Wait()
 	inv.ret = monotonic()
@@ -262,8 +361,10 @@ func (a *agent) exec(command, id string, conf []byte, kill bool, killAfter time.
 	return inv
 }
 
-// classify fills in c's outcome from what the plugin process did.
-func (inv invocation) classify(c *call) {
+// classify fills in c's outcome from what the plugin process did; ports
+// tells a portmap-ingress call, whose ADD result must also list the one
+// published port.
+func (inv invocation) classify(c *call, ports bool) {
 	ws := inv.status
 	switch {
 	case inv.overran:
@@ -279,6 +380,12 @@ func (inv invocation) classify(c *call) {
 				IPs []struct {
 					Address string `json:"address"`
 				} `json:"ips"`
+				// portmap-ingress's key beside the CNI result.
+				PortMappings []struct {
+					HostPort uint16 `json:"hostPort"`
+					Protocol string `json:"protocol"`
+					Mode     string `json:"mode"`
+				} `json:"portMappings"`
 			}
 			if jerr := json.Unmarshal(inv.stdout, &res); jerr != nil || len(res.IPs) != 1 {
 				c.Outcome, c.Unclear = outAmbiguous, fmt.Sprintf("ADD succeeded without one address in its result: %q", inv.stdout)
@@ -290,6 +397,13 @@ func (inv invocation) classify(c *call) {
 				return
 			}
 			c.Addr = p.Addr()
+			if ports {
+				if len(res.PortMappings) != 1 || res.PortMappings[0].HostPort == 0 || res.PortMappings[0].Mode != string(portalloc.Ingress) {
+					c.Outcome, c.Unclear = outAmbiguous, fmt.Sprintf("ADD succeeded without one published ingress port in its result: %q", inv.stdout)
+					return
+				}
+				c.Port = portalloc.Address{Protocol: res.PortMappings[0].Protocol, Number: res.PortMappings[0].HostPort}
+			}
 		}
 		return
 	}
@@ -321,26 +435,35 @@ func (inv invocation) classify(c *call) {
 	}
 }
 
-// gc runs the plugin's GC (CNI 1.1) with the live attachments as
-// cni.dev/valid-attachments, retrying a failure a few times.
+// gc runs each plugin's GC (CNI 1.1) with the live attachments as
+// cni.dev/valid-attachments, portmap-ingress first (the conflist in
+// reverse), retrying a failure a few times, then reads the forwards left in
+// the host's nftables table.
 func (a *agent) gc() *gcReport {
-	var conf map[string]any
-	if err := json.Unmarshal(a.cfg.Conf, &conf); err != nil {
-		return &gcReport{Msg: err.Error()}
-	}
 	valid := []map[string]string{}
 	for id := range a.live {
 		valid = append(valid, map[string]string{"containerID": id, "ifname": "eth0"})
 	}
-	conf["cni.dev/valid-attachments"] = valid
-	b, err := json.Marshal(conf)
+	extra := map[string]any{"cni.dev/valid-attachments": valid}
+	ports := a.gcOne(a.cfg.PortPlugin, a.cfg.PortConf, extra)
+	r := a.gcOne(a.cfg.Plugin, a.cfg.Conf, extra)
+	r.Ports = ports
+	var err error
+	if r.Forwards, err = forwards(); err != nil {
+		r.ForwardsErr = err.Error()
+	}
+	return r
+}
+
+func (a *agent) gcOne(plugin string, conf json.RawMessage, extra map[string]any) *gcReport {
+	b, err := withKeys(conf, extra)
 	if err != nil {
 		return &gcReport{Msg: err.Error()}
 	}
 	r := &gcReport{}
 	for r.Attempts < 5 {
 		r.Attempts++
-		inv := a.exec("GC", "", b, false, 0)
+		inv := a.exec(plugin, "GC", "", b, false, 0)
 		if inv.err == nil {
 			r.OK, r.Msg = true, ""
 			return r
@@ -349,4 +472,17 @@ func (a *agent) gc() *gcReport {
 		time.Sleep(time.Second)
 	}
 	return r
+}
+
+// forwards reads portmap-ingress's nftables table in this namespace: the
+// forwards installed, by attachment mark (its own reader, as CHECK and GC
+// use it).
+func forwards() (map[string][]portmap.Rule, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	dp, err := portmap.NewNFT(portmap.DefaultTable)
+	if err != nil {
+		return nil, err
+	}
+	return dp.Marks(ctx)
 }

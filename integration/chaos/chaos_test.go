@@ -27,7 +27,9 @@ import (
 	"github.com/ringipam/ringipam/integration/netns"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/portalloc"
 	etcdstore "github.com/ringipam/ringipam/pkg/store/etcd"
+	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 var keep = flag.Bool("chaos.keep", false, "save every run's history as JSON in the temp directory (a run that does not check out is always saved)")
@@ -35,7 +37,7 @@ var keep = flag.Bool("chaos.keep", false, "save every run's history as JSON in t
 var full = flag.Bool("chaos.full", false, "run the full fault suite (10 000 calls, faults in cycles) instead of the short one")
 
 // Binaries TestMain builds besides cnitest.IPAMBin.
-var driverBin, brokenBin string
+var driverBin, brokenBin, portmapBin string
 
 func TestMain(m *testing.M) {
 	if cfg := os.Getenv(agentEnv); cfg != "" {
@@ -44,7 +46,11 @@ func TestMain(m *testing.M) {
 	os.Exit(cnitest.Main(m, func(ctx context.Context, dir string) error {
 		driverBin = filepath.Join(dir, "ringipam-docker")
 		brokenBin = filepath.Join(dir, "ipam-ring-broken")
+		portmapBin = filepath.Join(dir, "portmap-ingress")
 		if err := cnitest.Build(ctx, driverBin, "./docker-driver"); err != nil {
+			return err
+		}
+		if err := cnitest.Build(ctx, portmapBin, "./plugins/portmap-ingress"); err != nil {
 			return err
 		}
 		return cnitest.Build(ctx, brokenBin, "./integration/chaos/testdata/brokenplugin")
@@ -60,7 +66,7 @@ type profile struct {
 	hosts         int     // CNI hosts
 	workers       int     // per CNI host
 	dockerWorkers int     // on the Docker host
-	killRate      float64 // share of new containers' ADDs SIGKILLed
+	killRate      float64 // share of new containers' ADDs SIGKILLed (of each plugin)
 	partitionFor  time.Duration
 	workFor       time.Duration // bound on the workload phase
 	linTimeout    time.Duration // bound on the linearizability check
@@ -76,9 +82,10 @@ func fullProfile(plugin string) profile {
 		killRate: 0.05, partitionFor: 4 * time.Second, workFor: 40 * time.Minute, linTimeout: 10 * time.Minute}
 }
 
-// TestChaos runs the fault suite against ipam-ring as built: nothing may
-// be handed out twice, leaked or lost, and the history must be
-// linearizable. -chaos.full runs the full size.
+// TestChaos runs the fault suite against ipam-ring and portmap-ingress as
+// built: no address or port may be handed out twice, leaked or lost, and
+// the history of addresses must be linearizable. -chaos.full runs the full
+// size.
 func TestChaos(t *testing.T) {
 	p := shortProfile(cnitest.IPAMBin)
 	if *full {
@@ -93,6 +100,17 @@ func TestChaos(t *testing.T) {
 	}
 	if r.kills == 0 || r.leaderChanges == 0 || r.partitions == 0 || r.driverRestarts == 0 || r.midRequest == 0 {
 		t.Errorf("a fault did not happen (kills, leader changes, partitions, driver restarts mid-request must all be > 0): %s", r.line)
+	}
+	// A short run makes only a few dozen new containers: its handful of
+	// portmap-ingress kills (1 to 9 in the runs so far) may be none.
+	if *full && r.ports.counts["killed"] == 0 {
+		t.Errorf("no portmap-ingress ADD was killed mid-call: %s", r.line)
+	}
+	if r.ports.duplicates != 0 || r.ports.leaks != 0 || r.ports.lost != 0 || r.ports.unclear != 0 || r.ports.falseExhausts != 0 {
+		t.Errorf("the fault suite found problems with published ports: %s", r.line)
+	}
+	if r.ports.published < r.okAdds/4 {
+		t.Errorf("only %d attachments published a port for %d successful ADDs: the ports were not exercised", r.ports.published, r.okAdds)
 	}
 }
 
@@ -120,6 +138,7 @@ type result struct {
 	duplicates, leaks, lost, unclear       int
 	ringIntact                             bool
 	linearizable                           string
+	ports                                  portVerdict
 	workload                               time.Duration
 	line                                   string
 }
@@ -153,8 +172,7 @@ func netConf(network, poolName, host, prefix string, endpoints []string) []byte 
 		"ranges":  [][]map[string]string{{{"subnet": subnet.String(), "rangeStart": rangeFrom.String(), "rangeEnd": rangeTo.String()}}},
 		"pools":   []string{poolName},
 		"timeout": "6s",
-		"store": map[string]any{"type": "etcd", "endpoints": endpoints, "prefix": prefix,
-			"dialTimeout": "1s", "requestTimeout": "2s"},
+		"store":   storeConf(prefix, endpoints),
 	}
 	if host != "" {
 		ipamConf["host"] = host
@@ -163,10 +181,18 @@ func netConf(network, poolName, host, prefix string, endpoints []string) []byte 
 	return b
 }
 
-// history collects the calls of every worker of the run.
+// storeConf is the store object of both plugins' configurations.
+func storeConf(prefix string, endpoints []string) map[string]any {
+	return map[string]any{"type": "etcd", "endpoints": endpoints, "prefix": prefix, "dialTimeout": "1s", "requestTimeout": "2s"}
+}
+
+// history collects the calls of every worker of the run: those of
+// ipam-ring and the Docker driver (calls), and those of portmap-ingress
+// (ports), each judged on its own.
 type history struct {
 	mu    sync.Mutex
 	calls []call
+	ports []call
 }
 
 func (h *history) add(c call) {
@@ -175,11 +201,17 @@ func (h *history) add(c call) {
 	h.calls = append(h.calls, c)
 }
 
-// snapshot returns a copy of the calls so far.
-func (h *history) snapshot() []call {
+func (h *history) addPort(c call) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return slices.Clone(h.calls)
+	h.ports = append(h.ports, c)
+}
+
+// snapshot returns a copy of the calls so far.
+func (h *history) snapshot() (calls, ports []call) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.calls), slices.Clone(h.ports)
 }
 
 func (h *history) len() int {
@@ -257,6 +289,8 @@ func (l *lab) startAgent(t *testing.T, i int, h *host, cfg agentConfig, hist *hi
 			switch {
 			case m.Call != nil:
 				hist.add(*m.Call)
+			case m.Port != nil:
+				hist.addPort(*m.Port)
 			case m.Done != nil:
 				a.done <- m.Done
 			case m.GC != nil:
@@ -340,6 +374,10 @@ func runSuite(t *testing.T, p profile) result {
 	if err != nil {
 		t.Fatal(err)
 	}
+	portChecker, err := portalloc.New(st, "chaos-checker")
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	// The CNI definition of the pool is recorded first (one ADD and DEL as
 	// host 0), so that the Docker network adopts its range.
@@ -366,7 +404,9 @@ func runSuite(t *testing.T, p profile) result {
 	for i, h := range l.hosts {
 		agents = append(agents, l.startAgent(t, i, h, agentConfig{
 			Host: h.name, Index: i, Plugin: p.plugin, Conf: netConf(network, poolName, "", prefix, l.endpoints()),
-			Netns: ctr.Path, Workers: p.workers, KillRate: p.killRate, CallLimit: 30 * time.Second, Seed: seed + uint64(i),
+			PortPlugin: portmapBin, PortConf: portConf(network, prefix, l.endpoints()),
+			Netns: ctr.Path, Workers: p.workers, KillRate: p.killRate,
+			CallLimit: 30 * time.Second, Seed: seed + uint64(i),
 		}, hist))
 	}
 	dw := &dockerWorkers{c: dc, poolID: poolID, record: hist.add, host: l.docker.name}
@@ -407,12 +447,14 @@ func runSuite(t *testing.T, p profile) result {
 			t.Errorf("agent %s: %v", a.host.name, err)
 		}
 	}
-	live := holdings{} // the attachments and endpoints the workers still hold
+	live := holdings{}                 // the attachments and endpoints the workers still hold
+	livePorts := map[string]livePort{} // the ports the live attachments were given
 	kills := 0
 	for _, a := range agents {
 		if d, ok := wait(t, a, a.done, "report of live attachments", 2*time.Minute); ok {
 			for id, addr := range d.Live {
 				live["cni/"+id] = addr
+				livePorts["cni/"+id] = livePort{port: d.Ports[id], host: a.host.name, addr: addr}
 			}
 			kills += d.Kills
 		}
@@ -429,15 +471,28 @@ func runSuite(t *testing.T, p profile) result {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	final := readStore(t, ctx, checker, network, poolName)
+	finalPorts := readPorts(t, ctx, portChecker, network)
+	calls, portCalls := hist.snapshot()
 
 	for _, a := range agents {
 		if err := a.send("gc"); err != nil {
 			t.Errorf("agent %s: %v", a.host.name, err)
 		}
 	}
+	fwd := map[string]map[string][]portmap.Rule{} // host -> owner -> forwards left after GC
 	for _, a := range agents {
-		if r, ok := wait(t, a, a.gc, "GC report", 2*time.Minute); ok && !r.OK {
+		r, ok := wait(t, a, a.gc, "GC report", 2*time.Minute)
+		switch {
+		case !ok:
+		case !r.OK:
 			t.Errorf("GC on %s failed after %d attempts: %s", a.host.name, r.Attempts, r.Msg)
+		case r.Ports == nil || !r.Ports.OK:
+			t.Errorf("portmap-ingress GC on %s failed: %+v", a.host.name, r.Ports)
+		case r.ForwardsErr != "":
+			t.Errorf("reading the forwards on %s: %s", a.host.name, r.ForwardsErr)
+		default:
+			fwd[a.host.name] = forwardsByOwner(network, portCalls, r.Forwards)
+			t.Logf("host %s: %d attachments' forwards left after GC", a.host.name, len(r.Forwards))
 		}
 		a.mu.Lock()
 		for _, e := range a.errs {
@@ -446,6 +501,7 @@ func runSuite(t *testing.T, p profile) result {
 		a.mu.Unlock()
 	}
 	after := readStore(t, ctx, checker, network, poolName)
+	afterPorts := readPorts(t, ctx, portChecker, network)
 
 	f.mu.Lock()
 	for _, e := range f.errs {
@@ -454,7 +510,8 @@ func runSuite(t *testing.T, p profile) result {
 	r := result{kills: kills, leaderChanges: f.leaderChanges, leaderKills: f.leaderKills, partitions: f.partitions,
 		driverRestarts: f.driverRestarts, midRequest: f.midRequest, workload: workload}
 	f.mu.Unlock()
-	judge(t, ctx, &r, p, run, checker, poolName, hist.snapshot(), final, after, live)
+	ports := portRun{calls: portCalls, final: finalPorts, after: afterPorts, forwards: fwd, live: livePorts, size: portRangeSize}
+	judge(t, ctx, &r, p, run, checker, poolName, calls, final, after, live, ports)
 	fmt.Println(r.line)
 	t.Log(r.line)
 	return r
@@ -462,9 +519,10 @@ func runSuite(t *testing.T, p profile) result {
 
 // judge checks a finished run: the history calls, the readings of the
 // store before (final) and after GC, the attachments and endpoints still
-// live. It fills in r, with its summary line.
+// live, and what the run gathered of published ports. It fills in r, with
+// its summary line.
 func judge(t *testing.T, ctx context.Context, r *result, p profile, run string, checker *pool.Allocator, poolName string,
-	calls []call, final, after reading, live holdings) {
+	calls []call, final, after reading, live holdings, ports portRun) {
 	sort.SliceStable(calls, func(i, j int) bool { return calls[i].Call < calls[j].Call })
 	r.ops = len(calls)
 
@@ -537,26 +595,41 @@ func judge(t *testing.T, ctx context.Context, r *result, p profile, run string, 
 			t.Logf("porcupine's view of the history: %s", path)
 		}
 	}
-	if r.linearizable != "yes" || *keep {
-		saveHistory(t, filepath.Join(os.TempDir(), fmt.Sprintf("ringipam-chaos-%s-%s.json", p.name, run)), calls, final.owners)
+	r.ports = judgePorts(ports)
+	for i, n := range r.ports.notes {
+		if i == 50 {
+			t.Logf("... %d more port findings", len(r.ports.notes)-i)
+			break
+		}
+		t.Log(n)
+	}
+	pv := r.ports
+	portsClean := pv.duplicates == 0 && pv.leaks == 0 && pv.lost == 0 && pv.unclear == 0 && pv.falseExhausts == 0
+	if r.linearizable != "yes" || !portsClean || *keep {
+		saveHistory(t, filepath.Join(os.TempDir(), fmt.Sprintf("ringipam-chaos-%s-%s.json", p.name, run)), calls, final.owners, ports.calls)
 	}
 
 	r.line = fmt.Sprintf("chaos %s: operations %d (ADD %d, DEL %d, Docker release %d; failed %d: code 11 %d, code 102 %d, killed %d), "+
 		"kills %d, leader changes %d (leader kills %d), partitions %d, driver restarts %d (mid-request %d), "+
-		"duplicates %d, leaks %d, lost %d, ring intact %s, unclear errors %d, linearizable %s (workload %s, check %s)",
+		"duplicates %d, leaks %d, lost %d, ring intact %s, unclear errors %d, linearizable %s (workload %s, check %s); "+
+		"ports: calls %d (ADD %d, DEL %d; failed %d: code 11 %d, code 102 %d, killed %d), published %d, "+
+		"duplicates %d, leaks %d, lost %d, false exhaustion %d, unclear errors %d",
 		p.name, r.ops, counts[verbAdd], counts[verbDel], counts[verbRelease], counts["failed"], counts["code 11"], counts["code 102"], counts["killed"],
 		r.kills, r.leaderChanges, r.leaderKills, r.partitions, r.driverRestarts, r.midRequest,
 		r.duplicates, r.leaks, r.lost, yesNo(r.ringIntact), r.unclear, r.linearizable,
-		r.workload.Round(time.Second), linTook.Round(time.Millisecond))
+		r.workload.Round(time.Second), linTook.Round(time.Millisecond),
+		len(ports.calls), pv.counts[verbAdd], pv.counts[verbDel], pv.counts["failed"], pv.counts["code 11"], pv.counts["code 102"], pv.counts["killed"],
+		pv.published, pv.duplicates, pv.leaks, pv.lost, pv.falseExhausts, pv.unclear)
 }
 
-// saveHistory writes the calls and the final reading as JSON, for a
-// closer look at a history that did not check out.
-func saveHistory(t *testing.T, path string, calls []call, final holdings) {
+// saveHistory writes the calls, the final reading and the portmap-ingress
+// calls as JSON, for a closer look at a history that did not check out.
+func saveHistory(t *testing.T, path string, calls []call, final holdings, ports []call) {
 	b, err := json.Marshal(struct {
 		Calls []call   `json:"calls"`
 		Final holdings `json:"final"`
-	}{calls, final})
+		Ports []call   `json:"ports"`
+	}{calls, final, ports})
 	if err == nil {
 		err = os.WriteFile(path, b, 0o600)
 	}

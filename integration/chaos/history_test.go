@@ -3,6 +3,7 @@
 package chaos
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"net/netip"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+
+	"github.com/ringipam/ringipam/pkg/portalloc"
 )
 
 // Verbs of the recorded history.
@@ -41,24 +44,28 @@ const (
 // invoked and when it returned (CLOCK_MONOTONIC nanoseconds, comparable
 // across the suite's processes), and what came back.
 type call struct {
-	Client  int        `json:"client"` // one per worker, unique in the run
-	Host    string     `json:"host"`
-	Verb    string     `json:"verb"`
-	Owner   string     `json:"owner"` // "cni/<container ID>" or "docker/<MAC>"
-	Addr    netip.Addr `json:"addr,omitzero"`
-	Call    int64      `json:"call"`
-	Return  int64      `json:"return"`
-	Outcome string     `json:"outcome"`
-	Code    uint       `json:"code,omitempty"` // CNI error code
-	Msg     string     `json:"msg,omitempty"`  // error message (CNI msg, Docker Err, or how the process ended)
-	Killed  bool       `json:"killed,omitempty"`
+	Client int        `json:"client"` // one per worker, unique in the run
+	Host   string     `json:"host"`
+	Verb   string     `json:"verb"`
+	Owner  string     `json:"owner"` // "cni/<container ID>" or "docker/<MAC>"
+	Addr   netip.Addr `json:"addr,omitzero"`
+	// Port is the port a successful portmap-ingress ADD published (the
+	// history of ports is kept apart from that of addresses).
+	Port    portalloc.Address `json:"port,omitzero"`
+	Call    int64             `json:"call"`
+	Return  int64             `json:"return"`
+	Outcome string            `json:"outcome"`
+	Code    uint              `json:"code,omitempty"` // CNI error code
+	Msg     string            `json:"msg,omitempty"`  // error message (CNI msg, Docker Err, or how the process ended)
+	Killed  bool              `json:"killed,omitempty"`
 	// Unclear is set when the failure was not a clear error: code 999,
 	// output that is no CNI error, an overrun of the plugin's own timeout.
 	Unclear string `json:"unclear,omitempty"`
 }
 
 // clearCodes are the CNI codes a failed call may carry in this workload:
-// 11 for store trouble (the faults) and 102 for a full pool.
+// 11 for store trouble (the faults) and 102 for a full pool (ipam-ring) or
+// a full dynamic port range (portmap-ingress).
 var clearCodes = map[uint]bool{11: true, 102: true}
 
 // holdings maps owners to addresses: the model's state (within one
@@ -181,7 +188,16 @@ func step(h holdings, in modelInput, out modelOutput) []interface{} {
 	case verbAdd:
 		switch out.Outcome {
 		case outOK:
-			if out.Addr != a || taken {
+			if out.Addr != a {
+				// Another address: an owner holding this one must have
+				// got it back; any other owner leaves this one alone (a
+				// Docker endpoint asked for again after a release).
+				if holds {
+					return nil
+				}
+				return one(h)
+			}
+			if taken {
 				return nil // not this address's to give: a duplicate
 			}
 			return one(h.with(in.Owner, a))
@@ -217,24 +233,38 @@ func step(h holdings, in modelInput, out modelOutput) []interface{} {
 	return nil
 }
 
-// addressOf returns the address the history tells for each owner: what its
-// successful ADDs returned (the first, if they disagree: sameAddress reports
-// that), else what the final read shows.
-func addressOf(calls []call, final holdings) map[string]netip.Addr {
-	known := map[string]netip.Addr{}
+// addressesOf returns the addresses the history tells for each owner: what
+// its successful ADDs returned (more than one only for an owner asked for
+// again after a release: a Docker endpoint after an ambiguous release),
+// else what the final read shows. mayHold tells the owners that may ever
+// have held an address: a successful or an ambiguous ADD, or the final
+// read. The others' calls are the identity in every state of the model
+// (they never hold anything), so they are left out of the check, which
+// changes nothing in its verdict and keeps porcupine from searching the
+// orders of thousands of "pool full" answers and the DELs after them.
+func addressesOf(calls []call, final holdings) (known map[string][]netip.Addr, mayHold map[string]bool) {
+	known, mayHold = map[string][]netip.Addr{}, map[string]bool{}
 	for _, c := range calls {
-		if c.Verb == verbAdd && c.Outcome == outOK {
-			if _, ok := known[c.Owner]; !ok {
-				known[c.Owner] = c.Addr
+		if c.Verb != verbAdd {
+			continue
+		}
+		switch c.Outcome {
+		case outOK:
+			mayHold[c.Owner] = true
+			if !slices.Contains(known[c.Owner], c.Addr) {
+				known[c.Owner] = append(known[c.Owner], c.Addr)
 			}
+		case outAmbiguous:
+			mayHold[c.Owner] = true
 		}
 	}
 	for o, a := range final {
-		if _, ok := known[o]; !ok {
-			known[o] = a
+		mayHold[o] = true
+		if len(known[o]) == 0 {
+			known[o] = []netip.Addr{a}
 		}
 	}
-	return known
+	return known, mayHold
 }
 
 // operations turns the history into porcupine operations, each tagged with
@@ -250,16 +280,19 @@ func operations(calls []call, final holdings, pool []netip.Addr) []porcupine.Ope
 		end = max(end, c.Call, c.Return)
 		maxClient = max(maxClient, c.Client)
 	}
-	known := addressOf(calls, final)
+	known, mayHold := addressesOf(calls, final)
 	var ops []porcupine.Operation
 	for _, c := range calls {
+		if !mayHold[c.Owner] {
+			continue
+		}
 		ret := c.Return
 		if c.Outcome == outAmbiguous {
 			ret = end + 1
 		}
 		parts := pool
-		if a, ok := known[c.Owner]; ok {
-			parts = []netip.Addr{a}
+		if as, ok := known[c.Owner]; ok {
+			parts = as
 		}
 		for _, a := range parts {
 			ops = append(ops, porcupine.Operation{
@@ -316,12 +349,20 @@ func linearizable(pool []netip.Addr, calls []call, final holdings, timeout time.
 }
 
 // sameAddress reports owners whose successful ADDs returned different
-// addresses, or an address other than the one the final read shows
-// (owners are never re-added after a DEL, so an owner has one address).
+// addresses with no DEL or release asked for in between, or an address
+// other than the one the final read shows. (A CNI owner is never added
+// again after a DEL; a Docker endpoint is asked for again after an
+// ambiguous release, and may then get another address.)
 func sameAddress(calls []call, final holdings) []string {
 	got := map[string]netip.Addr{}
 	var out []string
-	for _, c := range calls {
+	sorted := slices.Clone(calls)
+	slices.SortStableFunc(sorted, func(a, b call) int { return cmp.Compare(a.Call, b.Call) })
+	for _, c := range sorted {
+		if c.Verb == verbDel || c.Verb == verbRelease {
+			delete(got, c.Owner)
+			continue
+		}
 		if c.Verb != verbAdd || c.Outcome != outOK {
 			continue
 		}
@@ -388,22 +429,23 @@ func capacityLies(size int, calls []call) []string {
 	return out
 }
 
-// duplicate is one address found with two owners, and where.
+// duplicate is one address (or published port: "tcp/30001") found with
+// two owners, and where.
 type duplicate struct {
-	addr   netip.Addr
+	what   string
 	owners [2]string // sorted
 	where  string
 }
 
-func newDuplicate(a netip.Addr, o1, o2, where string) duplicate {
+func newDuplicate(what, o1, o2, where string) duplicate {
 	if o2 < o1 {
 		o1, o2 = o2, o1
 	}
-	return duplicate{addr: a, owners: [2]string{o1, o2}, where: where}
+	return duplicate{what: what, owners: [2]string{o1, o2}, where: where}
 }
 
 func (d duplicate) String() string {
-	return fmt.Sprintf("%s held by %s and %s (%s)", d.addr, d.owners[0], d.owners[1], d.where)
+	return fmt.Sprintf("%s held by %s and %s (%s)", d.what, d.owners[0], d.owners[1], d.where)
 }
 
 // distinctDuplicates counts the (address, owners) cases among ds, however
@@ -411,7 +453,7 @@ func (d duplicate) String() string {
 func distinctDuplicates(ds []duplicate) int {
 	seen := map[[3]string]bool{}
 	for _, d := range ds {
-		seen[[3]string{d.addr.String(), d.owners[0], d.owners[1]}] = true
+		seen[[3]string{d.what, d.owners[0], d.owners[1]}] = true
 	}
 	return len(seen)
 }
@@ -421,10 +463,16 @@ func distinctDuplicates(ds []duplicate) int {
 // returned it before this call was invoked, and the other had not yet been
 // asked to give it up (DEL or release) when this call returned.
 func duplicatesSeen(calls []call) []duplicate {
+	return clashesSeen(calls, func(c call) string { return c.Addr.String() })
+}
+
+// clashesSeen is duplicatesSeen for what key names of a successful ADD (an
+// address, or a published port).
+func clashesSeen(calls []call, key func(call) string) []duplicate {
 	type tenure struct {
 		owner      string
 		from, till int64 // from: first definite ADD return; till: first DEL/release call
-		addr       netip.Addr
+		what       string
 	}
 	byOwner := map[string]*tenure{}
 	sorted := slices.Clone(calls)
@@ -433,7 +481,7 @@ func duplicatesSeen(calls []call) []duplicate {
 		switch {
 		case c.Verb == verbAdd && c.Outcome == outOK:
 			if t, ok := byOwner[c.Owner]; !ok {
-				byOwner[c.Owner] = &tenure{owner: c.Owner, from: c.Return, till: -1, addr: c.Addr}
+				byOwner[c.Owner] = &tenure{owner: c.Owner, from: c.Return, till: -1, what: key(c)}
 			} else if c.Return < t.from {
 				t.from = c.Return
 			}
@@ -443,18 +491,19 @@ func duplicatesSeen(calls []call) []duplicate {
 			}
 		}
 	}
-	byAddr := map[netip.Addr][]*tenure{}
+	byWhat := map[string][]*tenure{}
 	for _, t := range byOwner {
-		byAddr[t.addr] = append(byAddr[t.addr], t)
+		byWhat[t.what] = append(byWhat[t.what], t)
 	}
 	var out []duplicate
 	for _, c := range calls {
 		if c.Verb != verbAdd || c.Outcome != outOK {
 			continue
 		}
-		for _, t := range byAddr[c.Addr] {
+		k := key(c)
+		for _, t := range byWhat[k] {
 			if t.owner != c.Owner && t.from < c.Call && (t.till < 0 || c.Return < t.till) {
-				out = append(out, newDuplicate(c.Addr, c.Owner, t.owner, "the history: "+c.Owner+" was given it while "+t.owner+" held it"))
+				out = append(out, newDuplicate(k, c.Owner, t.owner, "the history: "+c.Owner+" was given it while "+t.owner+" held it"))
 			}
 		}
 	}
@@ -482,12 +531,12 @@ func storeDuplicates(readings ...reading) []duplicate {
 		for a, owners := range by {
 			slices.Sort(owners)
 			for j := 1; j < len(owners); j++ {
-				out = append(out, newDuplicate(a, owners[0], owners[j], fmt.Sprintf("store reading %d: two owner records", i)))
+				out = append(out, newDuplicate(a.String(), owners[0], owners[j], fmt.Sprintf("store reading %d: two owner records", i)))
 			}
 			if k := r.keys[a]; k != "" {
 				for _, o := range owners {
 					if o != k {
-						out = append(out, newDuplicate(a, o, k, fmt.Sprintf("store reading %d: %s's record lists it, its key names %s", i, o, k)))
+						out = append(out, newDuplicate(a.String(), o, k, fmt.Sprintf("store reading %d: %s's record lists it, its key names %s", i, o, k)))
 					}
 				}
 			}

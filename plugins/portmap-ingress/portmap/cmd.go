@@ -96,6 +96,12 @@ func (e Edge) run(c *Config, fn func(ctx context.Context, o Opened) error) error
 		return err
 	}
 	err = fn(ctx, o)
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+		// A step cut short by the deadline often says only how it ended
+		// (nft killed by its context: "signal: killed"): it is the
+		// deadline that failed the call, so the runtime may try again.
+		err = fmt.Errorf("%w (the invocation's %s deadline passed: %w)", err, c.Timeout, context.DeadlineExceeded)
+	}
 	if cerr := o.Close(); cerr != nil {
 		// What was committed stays committed.
 		fmt.Fprintf(e.stderr(), "portmap-ingress: closing store: %v\n", cerr)

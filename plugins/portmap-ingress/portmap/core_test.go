@@ -362,3 +362,31 @@ func TestMarks(t *testing.T) {
 		t.Fatalf("mark of an odd name %q", m)
 	}
 }
+
+// slowDataplane's Add outlives the invocation's deadline and then fails the
+// way a killed nft child does: without naming the deadline.
+type slowDataplane struct{ *fakeDataplane }
+
+func (s slowDataplane) Add(ctx context.Context, _ string, _ []Rule) error {
+	<-ctx.Done()
+	return errors.New("nftables: signal: killed")
+}
+
+func TestDeadlineInTheDataPathIsTryAgainLater(t *testing.T) {
+	w := newWorld(memory.New())
+	e := w.edge()
+	open := e.Open
+	e.Open = func(ctx context.Context, c *Config) (Opened, error) {
+		o, err := open(ctx, c)
+		o.Dataplane = slowDataplane{w.dp}
+		return o, err
+	}
+	err := e.Add(args("c1", conf("h1", `{"hostPort":8080,"containerPort":80}`, `,"timeout":"50ms"`)))
+	if code(err) != 11 || !strings.Contains(err.Error(), "signal: killed") {
+		t.Fatalf("ADD cut short by its deadline: %v (code %d), want code 11 with the cause", err, code(err))
+	}
+	// Nothing stays published: the ports were released again.
+	if err := w.edge().Add(args("c2", conf("h1", `{"hostPort":8080,"containerPort":80}`, ""))); err != nil {
+		t.Fatalf("8080 after the failed ADD: %v", err)
+	}
+}
