@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -62,6 +63,7 @@ type profile struct {
 	name          string
 	plugin        string
 	ops           int     // at least this many calls (CNI ADD/DEL and Docker requests)
+	cniOps        int     // and at least this many of them ADD/DEL through the ipam-ring binary
 	cycles        int     // at least this many fault cycles
 	hosts         int     // CNI hosts
 	workers       int     // per CNI host
@@ -78,7 +80,7 @@ func shortProfile(plugin string) profile {
 }
 
 func fullProfile(plugin string) profile {
-	return profile{name: "full", plugin: plugin, ops: 10000, cycles: 1, hosts: 4, workers: 8, dockerWorkers: 3,
+	return profile{name: "full", plugin: plugin, ops: 10000, cniOps: 10000, cycles: 1, hosts: 4, workers: 8, dockerWorkers: 3,
 		killRate: 0.05, partitionFor: 4 * time.Second, workFor: 40 * time.Minute, linTimeout: 10 * time.Minute}
 }
 
@@ -193,12 +195,16 @@ type history struct {
 	mu    sync.Mutex
 	calls []call
 	ports []call
+	cni   int // calls of ipam-ring (the CNI owners' ADDs and DELs)
 }
 
 func (h *history) add(c call) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.calls = append(h.calls, c)
+	if strings.HasPrefix(c.Owner, "cni/") {
+		h.cni++
+	}
 }
 
 func (h *history) addPort(c call) {
@@ -218,6 +224,13 @@ func (h *history) len() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return len(h.calls)
+}
+
+// cniLen is how many of the calls were ipam-ring's.
+func (h *history) cniLen() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.cni
 }
 
 // agentProc is a running host agent, as the suite sees it.
@@ -428,14 +441,15 @@ func runSuite(t *testing.T, p profile) result {
 	for !enough {
 		select {
 		case <-deadline:
-			t.Errorf("workload did not reach %d calls and %d fault cycles within %s (%d calls)", p.ops, p.cycles, p.workFor, hist.len())
+			t.Errorf("workload did not reach %d calls (%d of ipam-ring) and %d fault cycles within %s (%d calls, %d of ipam-ring)",
+				p.ops, p.cniOps, p.cycles, p.workFor, hist.len(), hist.cniLen())
 			enough = true
 		case <-progress.C:
-			t.Logf("%d calls after %s", hist.len(), time.Since(start).Round(time.Second))
+			t.Logf("%d calls (%d of ipam-ring) after %s", hist.len(), hist.cniLen(), time.Since(start).Round(time.Second))
 		case <-time.After(200 * time.Millisecond):
 			select {
 			case <-cyclesDone:
-				enough = hist.len() >= p.ops
+				enough = hist.len() >= p.ops && hist.cniLen() >= p.cniOps
 			default:
 			}
 		}
