@@ -3,6 +3,7 @@
 package chaos
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -255,13 +256,12 @@ func judgePorts(pr portRun) portVerdict {
 }
 
 func comparePorts(a, b portalloc.Address) int {
-	if a.Protocol != b.Protocol {
-		if a.Protocol < b.Protocol {
-			return -1
-		}
-		return 1
-	}
-	return int(a.Number) - int(b.Number)
+	return cmp.Or(cmp.Compare(a.Protocol, b.Protocol), cmp.Compare(a.Number, b.Number))
+}
+
+// clean says that the ports came through without a finding.
+func (v portVerdict) clean() bool {
+	return v.duplicates == 0 && v.leaks == 0 && v.lost == 0 && v.unclear == 0 && v.falseExhausts == 0
 }
 
 // storePortDuplicates finds the ports two owners hold in any of the

@@ -44,7 +44,7 @@ func writeConfList(t *testing.T, name string, plugins ...map[string]any) string 
 // removed when the test ends.
 func cnitoolNet(t *testing.T, name string, plugins ...map[string]any) []string {
 	t.Helper()
-	cleanCNICache(t, name)
+	cnitest.CleanCNICache(t, name)
 	return []string{"NETCONFPATH=" + writeConfList(t, name, plugins...), "CNI_PATH=" + pluginDir(t, false)}
 }
 
@@ -52,7 +52,7 @@ func cnitoolNet(t *testing.T, name string, plugins ...map[string]any) []string {
 // returns the result it printed, and the output itself.
 func cnitoolAdd(t *testing.T, host *netns.NS, env []string, name string, ctr *netns.NS) (*current.Result, string) {
 	t.Helper()
-	out, err := cnitool(t, host, env, "add", name, ctr.Path)
+	out, err := cnitest.Cnitool(t, host, env, "add", name, ctr.Path)
 	if err != nil {
 		t.Fatalf("cnitool add: %v\n%s", err, out)
 	}
@@ -112,7 +112,7 @@ func TestCnitoolBridgeLocalStore(t *testing.T) {
 	}
 	ctr.MustRun(t, "ping", "-c", "1", "-W", "5", "198.18.10.1")
 
-	if out, err := cnitool(t, host, env, "check", name, ctr.Path); err != nil {
+	if out, err := cnitest.Cnitool(t, host, env, "check", name, ctr.Path); err != nil {
 		t.Fatalf("cnitool check: %v\n%s", err, out)
 	}
 	ids := containerIDs(allocations(t, st, name))
@@ -124,17 +124,17 @@ func TestCnitoolBridgeLocalStore(t *testing.T) {
 	if _, err := execIPAM("DEL", netConf(t, name, ipam, nil), ids[0], ""); err != nil {
 		t.Fatalf("IPAM-only DEL: %v", err)
 	}
-	out, err := cnitool(t, host, env, "check", name, ctr.Path)
+	out, err := cnitest.Cnitool(t, host, env, "check", name, ctr.Path)
 	if err == nil || !strings.Contains(out, "holds no address") {
 		t.Fatalf("cnitool check after the allocation vanished: err %v, output %q; want a failure saying it holds no address", err, out)
 	}
-	if out, err := cnitool(t, host, env, "del", name, ctr.Path); err != nil {
+	if out, err := cnitest.Cnitool(t, host, env, "del", name, ctr.Path); err != nil {
 		t.Fatalf("cnitool del: %v\n%s", err, out)
 	}
 	if ids := containerIDs(allocations(t, st, name)); len(ids) != 0 {
 		t.Fatalf("store still holds %v after del", ids)
 	}
-	if out, err := cnitool(t, host, env, "del", name, ctr.Path); err != nil {
+	if out, err := cnitest.Cnitool(t, host, env, "del", name, ctr.Path); err != nil {
 		t.Fatalf("second cnitool del: %v\n%s", err, out)
 	}
 }
@@ -413,7 +413,7 @@ func TestDualStack(t *testing.T) {
 	if len(allocs) != 1 || len(allocs[0].Addrs) != 2 {
 		t.Fatalf("store holds %+v, want one owner with two addresses", allocs)
 	}
-	if out, err := cnitool(t, host, env, "del", name, ctr.Path); err != nil {
+	if out, err := cnitest.Cnitool(t, host, env, "del", name, ctr.Path); err != nil {
 		t.Fatalf("cnitool del: %v\n%s", err, out)
 	}
 }
@@ -437,7 +437,7 @@ func TestPtpLocalStore(t *testing.T) {
 		}
 		addrs = append(addrs, res.IPs[0].Address.IP.String())
 		ctrs = append(ctrs, ctr)
-		t.Cleanup(func() { cnitool(t, host, env, "del", name, ctr.Path) })
+		t.Cleanup(func() { cnitest.Cnitool(t, host, env, "del", name, ctr.Path) })
 	}
 	if addrs[0] == addrs[1] {
 		t.Fatalf("both containers got %s", addrs[0])

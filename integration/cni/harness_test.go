@@ -14,7 +14,6 @@
 package cni
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -143,31 +142,6 @@ func ipsOf(r *current.Result) []string {
 		s = append(s, ip.Address.String())
 	}
 	return s
-}
-
-// cnitool runs cnitool inside host with the given environment.
-func cnitool(t testing.TB, host *netns.NS, env []string, args ...string) (string, error) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), cnitest.OpTimeout)
-	defer cancel()
-	argv := append([]string{"netns", "exec", host.Name, cnitest.RefBin(t, "cnitool")}, args...)
-	cmd := exec.CommandContext(ctx, "ip", argv...)
-	cmd.Env = append(os.Environ(), env...)
-	out, err := cmd.CombinedOutput()
-	return string(out), err
-}
-
-// cleanCNICache removes cnitool's cached results of network name (cnitool
-// keeps them in the default /var/lib/cni).
-func cleanCNICache(t testing.TB, name string) {
-	t.Cleanup(func() {
-		for _, dir := range []string{"/var/lib/cni/results"} {
-			matches, _ := filepath.Glob(filepath.Join(dir, name+"-*"))
-			for _, m := range matches {
-				os.Remove(m)
-			}
-		}
-	})
 }
 
 func joinErrs(errs []error) error { return errors.Join(errs...) }

@@ -294,3 +294,28 @@ func ExecIPAM(cmd string, conf []byte, containerID, cniArgs string) (*current.Re
 	}
 	return nil, invoke.ExecPluginWithoutResult(ctx, IPAMBin, conf, args, nil)
 }
+
+// Cnitool runs the reference cnitool inside host with the environment
+// added to the test's (NETCONFPATH, CNI_PATH, CAP_ARGS, ...), bounded by
+// OpTimeout, and returns what it printed.
+func Cnitool(t testing.TB, host *netns.NS, env []string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), OpTimeout)
+	defer cancel()
+	argv := append([]string{"netns", "exec", host.Name, RefBin(t, "cnitool")}, args...)
+	cmd := exec.CommandContext(ctx, "ip", argv...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// CleanCNICache removes cnitool's cached results of network name when the
+// test ends (cnitool keeps them in libcni's default /var/lib/cni).
+func CleanCNICache(t testing.TB, name string) {
+	t.Cleanup(func() {
+		matches, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", name+"-*"))
+		for _, m := range matches {
+			os.Remove(m)
+		}
+	})
+}

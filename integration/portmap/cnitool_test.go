@@ -3,10 +3,8 @@
 package portmap
 
 import (
-	"context"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -27,25 +25,14 @@ func TestPublishedThroughCnitool(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(confDir, h.network+".conflist"), h.list(t).Bytes, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { // cnitool caches results in libcni's default directory
-		matches, _ := filepath.Glob(filepath.Join("/var/lib/cni/results", h.network+"-*"))
-		for _, m := range matches {
-			os.Remove(m)
-		}
-	})
+	cnitest.CleanCNICache(t, h.network)
 	caps, _ := json.Marshal(map[string]any{"portMappings": []map[string]any{
 		{"hostPort": 8081, "containerPort": 80, "protocol": "tcp"},
 		{"hostPort": 5354, "containerPort": 53, "protocol": "udp"},
 	}})
 	ctr := h.container(t)
-	cnitool := func(verb string) (string, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), cnitest.OpTimeout)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, "ip", "netns", "exec", h.ns.Name, cnitest.RefBin(t, "cnitool"), verb, h.network, ctr.Path)
-		cmd.Env = append(os.Environ(), "NETCONFPATH="+confDir, "CNI_PATH="+pluginDirWith(t), "CAP_ARGS="+string(caps))
-		out, err := cmd.CombinedOutput()
-		return string(out), err
-	}
+	env := []string{"NETCONFPATH=" + confDir, "CNI_PATH=" + pluginDirWith(t), "CAP_ARGS=" + string(caps)}
+	cnitool := func(verb string) (string, error) { return cnitest.Cnitool(t, h.ns, env, verb, h.network, ctr.Path) }
 	out, err := cnitool("add")
 	if err != nil || !strings.Contains(out, "198.18.133.") {
 		t.Fatalf("cnitool add: %v\n%s", err, out)
