@@ -12,7 +12,7 @@ import (
 // inside the server (Unknown, "context deadline exceeded") is unavailable
 // (CNI 11), as are Unavailable, DeadlineExceeded and leaderless answers.
 func TestClassify(t *testing.T) {
-	s := &Store{endpoints: []string{"http://127.0.0.1:2379"}}
+	s := &Store{names: "http://127.0.0.1:2379"}
 	for _, tc := range []struct {
 		ge   gatewayError
 		want error

@@ -1,8 +1,9 @@
 // Package etcdjson is the etcd v3 store.Store spoken through etcd's JSON
 // gateway (HTTP/JSON on the client URL: /v3/kv/range, /v3/kv/txn), with
-// net/http and encoding/json only. It exists so that short-lived plugin
-// processes do not link (and initialise, on every invocation) the gRPC
-// client, its protobuf registries and its logger: see docs/benchmarks.md.
+// its own small HTTP/1.1 client (wire.go), crypto/tls and encoding/json
+// only. It exists so that short-lived plugin processes do not link (and
+// initialise, on every invocation) the gRPC client, its protobuf registries
+// and its logger, nor net/http: see docs/benchmarks.md.
 //
 // Contract: the same as package etcd (one store contract suite runs on
 // both): keys under Config.Prefix (default "/ringipam/"); Get reads all keys
@@ -12,15 +13,14 @@
 // condition writing nothing and returning an error wrapping
 // store.ErrConflict. Every call runs under RequestTimeout (or the caller's
 // earlier deadline); an unreachable cluster or a timeout wraps
-// store.ErrUnavailable and names the endpoints (and a TLS failure says so:
-// net/http reports certificate errors as they are); oversized transactions
+// store.ErrUnavailable and names the endpoints (and a TLS failure says so,
+// with crypto/tls's own words); oversized transactions
 // wrap store.ErrTooLarge. Endpoints are tried in order, the next one when
 // one cannot be reached. With Username set it authenticates once per Store
 // and sends the token. Safe for concurrent use.
 package etcdjson
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -28,9 +28,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -64,8 +61,9 @@ type Config struct {
 // Store is the gateway client. Build it with New.
 type Store struct {
 	cfg       Config
-	client    *http.Client
-	endpoints []string
+	client    *httpClient
+	endpoints []endpoint
+	names     string // the endpoints, for messages
 	mu        sync.Mutex
 	token     string
 }
@@ -84,13 +82,9 @@ func New(cfg Config) (*Store, error) {
 	if cfg.RequestTimeout == 0 {
 		cfg.RequestTimeout = DefaultRequestTimeout
 	}
-	tr := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout: cfg.DialTimeout,
-		MaxIdleConnsPerHost: 16,
-		IdleConnTimeout:     90 * time.Second,
-	}
-	var eps []string
+	client := &httpClient{dialTimeout: cfg.DialTimeout}
+	var eps []endpoint
+	var names []string
 	for _, e := range cfg.Endpoints {
 		if !strings.Contains(e, "://") {
 			scheme := "http://"
@@ -99,7 +93,12 @@ func New(cfg Config) (*Store, error) {
 			}
 			e = scheme + e
 		}
-		eps = append(eps, strings.TrimSuffix(e, "/"))
+		ep, err := parseEndpoint(e)
+		if err != nil {
+			return nil, fmt.Errorf("etcd store: %w", err)
+		}
+		eps = append(eps, ep)
+		names = append(names, ep.url)
 	}
 	if cfg.TLS != nil {
 		tc := &tls.Config{MinVersion: tls.VersionTLS12}
@@ -121,9 +120,9 @@ func New(cfg Config) (*Store, error) {
 			}
 			tc.Certificates = []tls.Certificate{cert}
 		}
-		tr.TLSClientConfig = tc
+		client.tlsConfig = tc
 	}
-	return &Store{cfg: cfg, client: &http.Client{Transport: tr}, endpoints: eps}, nil
+	return &Store{cfg: cfg, client: client, endpoints: eps, names: strings.Join(names, ",")}, nil
 }
 
 // Prefix returns the key prefix in use.
@@ -131,7 +130,7 @@ func (s *Store) Prefix() string { return s.cfg.Prefix }
 
 // Close releases idle connections.
 func (s *Store) Close() error {
-	s.client.CloseIdleConnections()
+	s.client.closeIdle()
 	return nil
 }
 
@@ -187,8 +186,9 @@ func (e *gatewayError) Error() string {
 }
 
 // call posts body to path on the first endpoint that answers and decodes
-// the answer into out.
-func (s *Store) call(ctx context.Context, path string, body, out any) error {
+// the answer into out. idempotent says the request may be sent twice (a
+// read); a commit is never sent again after any of it was written.
+func (s *Store) call(ctx context.Context, path string, body, out any, idempotent bool) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
 	payload, err := json.Marshal(body)
@@ -200,34 +200,24 @@ func (s *Store) call(ctx context.Context, path string, body, out any) error {
 			return err
 		}
 	}
+	var header []string
+	s.mu.Lock()
+	if s.token != "" {
+		header = append(header, "Authorization: "+s.token)
+	}
+	s.mu.Unlock()
 	var errs []error
 	for _, ep := range s.endpoints {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, ep+path, bytes.NewReader(payload))
+		status, data, err := s.client.post(ctx, ep, path, header, payload, idempotent)
 		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		s.mu.Lock()
-		if s.token != "" {
-			req.Header.Set("Authorization", s.token)
-		}
-		s.mu.Unlock()
-		resp, err := s.client.Do(req)
-		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("%s: %w", ep.url, err))
 			if ctx.Err() != nil {
 				break
 			}
 			continue // the next endpoint
 		}
-		data, rerr := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-		resp.Body.Close()
-		if rerr != nil {
-			errs = append(errs, rerr)
-			continue
-		}
-		if resp.StatusCode != http.StatusOK {
-			ge := &gatewayError{Status: resp.StatusCode}
+		if status != 200 {
+			ge := &gatewayError{Status: status}
 			_ = json.Unmarshal(data, ge)
 			if ge.Message == "" {
 				ge.Message = strings.TrimSpace(string(data))
@@ -235,28 +225,28 @@ func (s *Store) call(ctx context.Context, path string, body, out any) error {
 			return s.classify(ctx, ge)
 		}
 		if err := json.Unmarshal(data, out); err != nil {
-			return fmt.Errorf("etcd gateway %s%s: undecodable answer: %w", ep, path, err)
+			return fmt.Errorf("etcd gateway %s%s: undecodable answer: %w", ep.url, path, err)
 		}
 		return nil
 	}
 	if errors.Is(ctx.Err(), context.Canceled) {
-		return fmt.Errorf("etcd store %s: %w", strings.Join(s.endpoints, ","), ctx.Err())
+		return fmt.Errorf("etcd store %s: %w", s.names, ctx.Err())
 	}
-	return fmt.Errorf("%w: etcd at %s not reachable: %w", store.ErrUnavailable, strings.Join(s.endpoints, ","), errors.Join(errs...))
+	return fmt.Errorf("%w: etcd at %s not reachable: %w", store.ErrUnavailable, s.names, errors.Join(errs...))
 }
 
 func (s *Store) classify(ctx context.Context, ge *gatewayError) error {
 	msg := strings.ToLower(ge.Message)
 	switch {
 	case strings.Contains(msg, "too many operations") || strings.Contains(msg, "request is too large"):
-		return fmt.Errorf("%w: etcd store %s: %w", store.ErrTooLarge, strings.Join(s.endpoints, ","), ge)
+		return fmt.Errorf("%w: etcd store %s: %w", store.ErrTooLarge, s.names, ge)
 	// 14 Unavailable, 4 DeadlineExceeded; a deadline that passed inside the
 	// server comes back as code 2 (Unknown) "context deadline exceeded".
 	case ge.Code == 14 || ge.Code == 4 || strings.Contains(msg, "no leader") || strings.Contains(msg, "timed out") ||
-		strings.Contains(msg, "deadline exceeded") || ge.Status == http.StatusServiceUnavailable || ctx.Err() != nil:
-		return fmt.Errorf("%w: etcd at %s not reachable or without leader: %w", store.ErrUnavailable, strings.Join(s.endpoints, ","), ge)
+		strings.Contains(msg, "deadline exceeded") || ge.Status == 503 || ctx.Err() != nil:
+		return fmt.Errorf("%w: etcd at %s not reachable or without leader: %w", store.ErrUnavailable, s.names, ge)
 	}
-	return fmt.Errorf("etcd store %s: %w", strings.Join(s.endpoints, ","), ge)
+	return fmt.Errorf("etcd store %s: %w", s.names, ge)
 }
 
 func (s *Store) authenticate(ctx context.Context) error {
@@ -269,7 +259,7 @@ func (s *Store) authenticate(ctx context.Context) error {
 	var out struct {
 		Token string `json:"token"`
 	}
-	if err := s.call(ctx, "/v3/auth/authenticate", map[string]string{"name": s.cfg.Username, "password": s.cfg.Password}, &out); err != nil {
+	if err := s.call(ctx, "/v3/auth/authenticate", map[string]string{"name": s.cfg.Username, "password": s.cfg.Password}, &out, true); err != nil {
 		return fmt.Errorf("etcd authentication as %s: %w", s.cfg.Username, err)
 	}
 	s.mu.Lock()
@@ -296,7 +286,7 @@ func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
 			ops = append(ops, map[string]any{"request_range": r})
 		}
 		var resp txnResp
-		if err := s.call(ctx, "/v3/kv/txn", map[string]any{"success": ops}, &resp); err != nil {
+		if err := s.call(ctx, "/v3/kv/txn", map[string]any{"success": ops}, &resp, true); err != nil {
 			return nil, fmt.Errorf("get: %w", err)
 		}
 		if rev == "" {
@@ -338,7 +328,7 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 			req["revision"] = rev
 		}
 		var resp rangeResp
-		if err := s.call(ctx, "/v3/kv/range", req, &resp); err != nil {
+		if err := s.call(ctx, "/v3/kv/range", req, &resp, true); err != nil {
 			return nil, fmt.Errorf("scan: %w", err)
 		}
 		if rev == "" {
@@ -381,7 +371,7 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 		}
 	}
 	var resp txnResp
-	if err := s.call(ctx, "/v3/kv/txn", map[string]any{"compare": cmps, "success": writes}, &resp); err != nil {
+	if err := s.call(ctx, "/v3/kv/txn", map[string]any{"compare": cmps, "success": writes}, &resp, false); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	if !resp.Succeeded {
@@ -394,7 +384,7 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 // request timeout.
 func (s *Store) Ping(ctx context.Context) error {
 	var resp rangeResp
-	if err := s.call(ctx, "/v3/kv/range", map[string]any{"key": b64(s.cfg.Prefix + "\x00ping")}, &resp); err != nil {
+	if err := s.call(ctx, "/v3/kv/range", map[string]any{"key": b64(s.cfg.Prefix + "\x00ping")}, &resp, true); err != nil {
 		return fmt.Errorf("ping: %w", err)
 	}
 	return nil

@@ -1,0 +1,391 @@
+package etcdjson
+
+// A small HTTP/1.1 client for the one thing this package sends: a POST of
+// a JSON body to etcd's gateway, and the answer read whole. It replaces
+// net/http, whose initialisation and size cost every plugin process about
+// half a millisecond of start-up (docs/benchmarks.md) for features the
+// gateway does not need (proxies, redirects, HTTP/2, compression, cookies).
+//
+// What it does: keep-alive connections kept per endpoint for reuse; TLS
+// through crypto/tls with the server name checked; answers framed by
+// Content-Length, chunked transfer coding or the connection's end; the
+// caller's context bounding dial, handshake, write and read. A reused
+// connection that turns out dead is retried once on a fresh one, but only
+// if the request is safe to send twice or nothing of it reached the wire.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// maxAnswer bounds one answer's body.
+const maxAnswer = 64 << 20
+
+// endpoint is one parsed client URL.
+type endpoint struct {
+	url      string // as configured, for messages: http://host:port
+	hostport string // host:port to dial
+	host     string // host without port: the TLS server name
+	tls      bool
+}
+
+func parseEndpoint(raw string) (endpoint, error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return endpoint{}, fmt.Errorf("etcd endpoint %q: no scheme", raw)
+	}
+	if i := strings.IndexByte(rest, '/'); i >= 0 {
+		rest = rest[:i]
+	}
+	ep := endpoint{url: scheme + "://" + rest, hostport: rest}
+	switch scheme {
+	case "http":
+	case "https":
+		ep.tls = true
+	default:
+		return endpoint{}, fmt.Errorf("etcd endpoint %q: scheme must be http or https", raw)
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil {
+		// No port: etcd's client port.
+		host, port = strings.Trim(rest, "[]"), "2379"
+		ep.hostport = net.JoinHostPort(host, port)
+	}
+	if host == "" {
+		return endpoint{}, fmt.Errorf("etcd endpoint %q: no host", raw)
+	}
+	ep.host = host
+	return ep, nil
+}
+
+// httpClient sends requests and keeps idle connections per endpoint.
+type httpClient struct {
+	dialTimeout time.Duration
+	tlsConfig   *tls.Config // nil: https endpoints use a default config
+
+	mu   sync.Mutex
+	idle map[string][]*wireConn // by hostport
+}
+
+type wireConn struct {
+	net.Conn
+	r         *bufio.Reader
+	idleSince time.Time
+}
+
+// maxIdleAge is how long a kept connection may wait for reuse. Plugin
+// processes reuse theirs within milliseconds; a long-running user opens a
+// new one after a pause rather than find out that the server closed it.
+const maxIdleAge = 5 * time.Second
+
+// errNotSent marks a failure before any byte of the request was written.
+var errNotSent = errors.New("request not sent")
+
+// post sends body to path on ep with the given extra header lines
+// ("Name: value") and returns the answer's status and body.
+// idempotent says the request may be sent twice.
+func (h *httpClient) post(ctx context.Context, ep endpoint, path string, header []string, body []byte, idempotent bool) (int, []byte, error) {
+	req := buildRequest(ep, path, header, body)
+	if c := h.takeIdle(ep.hostport); c != nil {
+		status, data, reusable, err := h.exchange(ctx, c, req)
+		if err == nil {
+			h.release(ep.hostport, c, reusable)
+			return status, data, nil
+		}
+		c.Close()
+		// The server may have closed an idle connection: try once more on
+		// a fresh one when that is safe.
+		if ctx.Err() != nil || !(idempotent || errors.Is(err, errNotSent)) {
+			return 0, nil, err
+		}
+	}
+	c, err := h.dial(ctx, ep)
+	if err != nil {
+		return 0, nil, err
+	}
+	status, data, reusable, err := h.exchange(ctx, c, req)
+	if err != nil {
+		c.Close()
+		return 0, nil, err
+	}
+	h.release(ep.hostport, c, reusable)
+	return status, data, nil
+}
+
+func buildRequest(ep endpoint, path string, header []string, body []byte) []byte {
+	var b bytes.Buffer
+	b.Grow(160 + len(body))
+	b.WriteString("POST ")
+	b.WriteString(path)
+	b.WriteString(" HTTP/1.1\r\nHost: ")
+	b.WriteString(ep.hostport)
+	b.WriteString("\r\nUser-Agent: ringipam\r\nContent-Type: application/json\r\nContent-Length: ")
+	b.WriteString(strconv.Itoa(len(body)))
+	b.WriteString("\r\n")
+	for _, l := range header {
+		b.WriteString(l)
+		b.WriteString("\r\n")
+	}
+	b.WriteString("\r\n")
+	b.Write(body)
+	return b.Bytes()
+}
+
+func (h *httpClient) dial(ctx context.Context, ep endpoint) (*wireConn, error) {
+	d := net.Dialer{Timeout: h.dialTimeout, KeepAlive: 30 * time.Second}
+	c, err := d.DialContext(ctx, "tcp", ep.hostport)
+	if err != nil {
+		return nil, err
+	}
+	if ep.tls {
+		cfg := h.tlsConfig
+		if cfg == nil {
+			cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		cfg = cfg.Clone()
+		if cfg.ServerName == "" {
+			cfg.ServerName = ep.host
+		}
+		tc := tls.Client(c, cfg)
+		hctx, cancel := context.WithTimeout(ctx, h.dialTimeout)
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			c.Close()
+			return nil, fmt.Errorf("tls handshake with %s: %w", ep.hostport, err)
+		}
+		c = tc
+	}
+	return &wireConn{Conn: c, r: bufio.NewReaderSize(c, 16<<10)}, nil
+}
+
+func (h *httpClient) takeIdle(hostport string) *wireConn {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for l := h.idle[hostport]; len(l) > 0; l = h.idle[hostport] {
+		c := l[len(l)-1]
+		h.idle[hostport] = l[:len(l)-1]
+		if time.Since(c.idleSince) < maxIdleAge {
+			return c
+		}
+		c.Close()
+	}
+	return nil
+}
+
+// maxIdlePerEndpoint bounds the connections kept for reuse.
+const maxIdlePerEndpoint = 16
+
+func (h *httpClient) release(hostport string, c *wireConn, reusable bool) {
+	if reusable {
+		h.mu.Lock()
+		if h.idle == nil {
+			h.idle = map[string][]*wireConn{}
+		}
+		if len(h.idle[hostport]) < maxIdlePerEndpoint {
+			c.idleSince = time.Now()
+			h.idle[hostport] = append(h.idle[hostport], c)
+			h.mu.Unlock()
+			return
+		}
+		h.mu.Unlock()
+	}
+	c.Close()
+}
+
+// closeIdle closes every kept connection.
+func (h *httpClient) closeIdle() {
+	h.mu.Lock()
+	idle := h.idle
+	h.idle = nil
+	h.mu.Unlock()
+	for _, l := range idle {
+		for _, c := range l {
+			c.Close()
+		}
+	}
+}
+
+// exchange writes req on c and reads one answer. reusable reports that the
+// connection may carry another request.
+func (h *httpClient) exchange(ctx context.Context, c *wireConn, req []byte) (status int, body []byte, reusable bool, err error) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Time{}
+	}
+	if err := c.SetDeadline(deadline); err != nil {
+		return 0, nil, false, fmt.Errorf("%w: %w", errNotSent, err)
+	}
+	// A cancelled context ends a blocked write or read at once.
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	n, err := c.Write(req)
+	if err != nil {
+		if n == 0 {
+			err = fmt.Errorf("%w: %w", errNotSent, err)
+		}
+		return 0, nil, false, ctxErr(ctx, err)
+	}
+	status, body, reusable, err = readAnswer(c.r)
+	return status, body, reusable, ctxErr(ctx, err)
+}
+
+// ctxErr prefers the context's own error to the deadline it caused (the
+// connection's deadline may fire a moment before the context records it).
+func ctxErr(ctx context.Context, err error) error {
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w (%w)", ctx.Err(), err)
+	}
+	var ne net.Error
+	if d, ok := ctx.Deadline(); ok && !time.Now().Before(d) && errors.As(err, &ne) && ne.Timeout() {
+		return fmt.Errorf("%w (%w)", context.DeadlineExceeded, err)
+	}
+	return err
+}
+
+// readAnswer reads one HTTP/1.1 response.
+func readAnswer(r *bufio.Reader) (status int, body []byte, reusable bool, err error) {
+	line, err := readLine(r)
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("reading the answer: %w", err)
+	}
+	proto, rest, _ := strings.Cut(line, " ")
+	code, _, _ := strings.Cut(rest, " ")
+	status, err = strconv.Atoi(code)
+	if !strings.HasPrefix(proto, "HTTP/1.") || err != nil || status < 100 || status > 999 {
+		return 0, nil, false, fmt.Errorf("not an HTTP/1.x answer: %q", line)
+	}
+	length, chunked, closing := int64(-1), false, proto == "HTTP/1.0"
+	for {
+		l, err := readLine(r)
+		if err != nil {
+			return 0, nil, false, fmt.Errorf("reading the answer's header: %w", err)
+		}
+		if l == "" {
+			break
+		}
+		name, value, ok := strings.Cut(l, ":")
+		if !ok {
+			return 0, nil, false, fmt.Errorf("malformed header line %q", l)
+		}
+		value = strings.TrimSpace(value)
+		switch strings.ToLower(strings.TrimSpace(name)) {
+		case "content-length":
+			length, err = strconv.ParseInt(value, 10, 64)
+			if err != nil || length < 0 {
+				return 0, nil, false, fmt.Errorf("bad Content-Length %q", value)
+			}
+		case "transfer-encoding":
+			chunked = strings.EqualFold(value, "chunked")
+			if !chunked {
+				return 0, nil, false, fmt.Errorf("unsupported Transfer-Encoding %q", value)
+			}
+		case "connection":
+			closing = closing || strings.EqualFold(value, "close")
+		}
+	}
+	if status < 200 {
+		// 1xx answers are not sent for these requests; refuse rather than
+		// misread the stream.
+		return 0, nil, false, fmt.Errorf("unexpected interim answer %d", status)
+	}
+	switch {
+	case chunked:
+		body, err = readChunked(r)
+	case length >= 0:
+		if length > maxAnswer {
+			return 0, nil, false, fmt.Errorf("answer of %d bytes exceeds %d", length, maxAnswer)
+		}
+		body = make([]byte, length)
+		_, err = io.ReadFull(r, body)
+	default:
+		body, err = io.ReadAll(io.LimitReader(r, maxAnswer+1))
+		if err == nil && len(body) > maxAnswer {
+			err = fmt.Errorf("answer exceeds %d bytes", maxAnswer)
+		}
+		closing = true
+	}
+	if err != nil {
+		return 0, nil, false, fmt.Errorf("reading the answer's body: %w", err)
+	}
+	return status, body, !closing, nil
+}
+
+// readLine reads one CRLF- (or LF-) terminated line without its ending.
+func readLine(r *bufio.Reader) (string, error) {
+	l, err := r.ReadSlice('\n')
+	if err == bufio.ErrBufferFull {
+		return "", errors.New("header line too long")
+	}
+	if err != nil {
+		if err == io.EOF && len(l) == 0 {
+			return "", io.EOF
+		}
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return "", err
+	}
+	return strings.TrimRight(string(l), "\r\n"), nil
+}
+
+func readChunked(r *bufio.Reader) ([]byte, error) {
+	var body []byte
+	for {
+		l, err := readLine(r)
+		if err != nil {
+			return nil, unexpected(err)
+		}
+		sz, _, _ := strings.Cut(l, ";") // chunk extensions are ignored
+		n, err := strconv.ParseInt(strings.TrimSpace(sz), 16, 64)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("bad chunk size %q", l)
+		}
+		if n == 0 {
+			// Trailer lines up to the empty one.
+			for {
+				t, err := readLine(r)
+				if err != nil {
+					return nil, unexpected(err)
+				}
+				if t == "" {
+					return body, nil
+				}
+			}
+		}
+		if int64(len(body))+n > maxAnswer {
+			return nil, fmt.Errorf("answer exceeds %d bytes", maxAnswer)
+		}
+		start := len(body)
+		body = append(body, make([]byte, n)...)
+		if _, err := io.ReadFull(r, body[start:]); err != nil {
+			return nil, unexpected(err)
+		}
+		if l, err := readLine(r); err != nil || l != "" {
+			if err == nil {
+				err = fmt.Errorf("chunk of %d bytes not followed by CRLF", n)
+			}
+			return nil, unexpected(err)
+		}
+	}
+}
+
+func unexpected(err error) error {
+	if err == io.EOF {
+		return io.ErrUnexpectedEOF
+	}
+	return err
+}
