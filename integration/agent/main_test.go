@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -106,6 +107,9 @@ type inProcess struct {
 // end), serving HTTP on a loopback port.
 func startAgent(t *testing.T, cfg agent.Config, opts ...agent.Option) *inProcess {
 	t.Helper()
+	if cfg.Store.Type == storeconfig.TypeEtcd && cfg.Store.AgentSocket == "" {
+		cfg.Store.AgentSocket = socketPath(t)
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -243,6 +247,10 @@ type binaryAgent struct {
 // nil); it is killed when the test ends.
 func startBinary(t *testing.T, ns *netns.NS, args ...string) *binaryAgent {
 	t.Helper()
+	if !slices.Contains(args, "--store-socket") {
+		// Each agent its own store socket: several run on this machine.
+		args = append(args, "--store-socket", socketPath(t))
+	}
 	argv := append([]string{agentBin}, args...)
 	if ns != nil {
 		argv = append([]string{"ip", "netns", "exec", ns.Name}, argv...)
@@ -274,6 +282,18 @@ func startBinary(t *testing.T, ns *netns.NS, args ...string) *binaryAgent {
 		}
 	})
 	return b
+}
+
+// socketPath is a fresh path for an agent's store socket, short enough
+// for a unix socket address.
+func socketPath(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "rs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "store.sock")
 }
 
 func freePort(t *testing.T) string {

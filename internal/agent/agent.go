@@ -20,6 +20,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/etcd"
+	"github.com/ringipam/ringipam/pkg/store/relay"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
@@ -126,7 +127,7 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 		}
 		a.st, a.cli, a.prefix = es, es.Client(), es.Prefix()
 	default:
-		if a.st, err = storeconfig.Open(cfg.Store); err != nil {
+		if a.st, err = storeconfig.OpenDirect(cfg.Store); err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
 	}
@@ -169,6 +170,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		var err error
 		if l, err = net.Listen("tcp", a.cfg.Listen); err != nil {
 			return fmt.Errorf("listen %s: %w", a.cfg.Listen, err)
+		}
+	}
+	var relayL net.Listener
+	if sock := a.cfg.Store.Socket(); sock != "" && a.cli != nil {
+		var err error
+		if relayL, err = relay.Listen(sock); err != nil {
+			if l != nil {
+				l.Close()
+			}
+			return fmt.Errorf("%w (another ringipamd of this host? --store-socket=off turns the socket off)", err)
 		}
 	}
 	a.log.Info("ringipamd starting", "host", a.cfg.Host, "addr", a.cfg.Addr, "store", a.cfg.Store.Describe(),
@@ -218,6 +229,28 @@ func (a *Agent) Run(ctx context.Context) error {
 			_ = srv.Shutdown(sctx)
 		}()
 		a.log.Info("serving the status page and metrics", "addr", l.Addr().String())
+	}
+	if relayL != nil {
+		srv := relay.NewServer(a.st, relay.Identity{Prefix: a.prefix, Endpoints: a.cfg.Store.Endpoints},
+			func(msg string, args ...any) { a.log.Warn(msg, args...) })
+		srv.OnCall = func(op string, err error) {
+			result := "ok"
+			switch {
+			case errors.Is(err, store.ErrConflict):
+				result = "conflict"
+			case err != nil:
+				result = "error"
+			}
+			a.metrics.relayed.WithLabelValues(op, result).Inc()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Serve(ctx, relayL); err != nil {
+				a.log.Error("store socket", "err", err)
+			}
+		}()
+		a.log.Info("serving the store to plugins", "socket", relayL.Addr().String())
 	}
 	<-ctx.Done()
 	wg.Wait()

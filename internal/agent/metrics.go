@@ -15,6 +15,7 @@ type metrics struct {
 	ports      prometheus.Counter
 	storeErrs  *prometheus.CounterVec
 	syncErrs   prometheus.Counter
+	relayed    *prometheus.CounterVec
 	snapshotFn func() *Snapshot
 }
 
@@ -42,9 +43,11 @@ func newMetrics(snapshot func() *Snapshot) *metrics {
 			Help: "Failed store operations of the agent, by operation."}, []string{"op"}),
 		syncErrs: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_ingress_sync_errors_total",
 			Help: "Ingress forward syncs that failed to reach the packet filter."}),
+		relayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_relayed_calls_total",
+			Help: "Store calls of plugins, the Docker driver and ringctl served on the agent's store socket, by operation and result (ok, conflict, error)."}, []string{"op", "result"}),
 		snapshotFn: snapshot,
 	}
-	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m,
+	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.relayed, m,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

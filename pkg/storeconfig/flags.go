@@ -11,7 +11,7 @@ import (
 // command (the Docker driver, the host agent, ringctl) to fs, writing into
 // c. Flag names: --store, --store-path, --store-open-timeout,
 // --etcd-endpoints, --store-prefix, --etcd-cacert, --etcd-cert, --etcd-key,
-// --etcd-dial-timeout, --etcd-request-timeout.
+// --etcd-dial-timeout, --etcd-request-timeout, --store-socket.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Type, "store", c.Type, "state store: local or etcd")
 	fs.StringVar(&c.Path, "store-path", c.Path, "local store: bbolt file (default /var/lib/ringipam/store.db)")
@@ -23,6 +23,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(&tlsFlag{cfg: c, field: "key"}, "etcd-key", "etcd: client key")
 	fs.Var(DurationValue(&c.DialTimeout), "etcd-dial-timeout", "etcd: dial timeout (default 5s)")
 	fs.Var(DurationValue(&c.RequestTimeout), "etcd-request-timeout", "etcd: deadline of one store call (default 10s)")
+	fs.StringVar(&c.AgentSocket, "store-socket", c.AgentSocket, `etcd: the host agent's store socket (default /run/ringipam/store.sock; "off": none)`)
 }
 
 // DurationValue is a flag.Value setting *d from a Go duration ("90s",

@@ -34,6 +34,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/etcdjson"
 	"github.com/ringipam/ringipam/pkg/store/local"
+	"github.com/ringipam/ringipam/pkg/store/relay"
 )
 
 // Store types.
@@ -115,6 +116,38 @@ type Config struct {
 	Password       string   `json:"password,omitempty"`
 	DialTimeout    Duration `json:"dialTimeout,omitempty"`    // default 5s
 	RequestTimeout Duration `json:"requestTimeout,omitempty"` // default 10s
+	// AgentSocket is the unix socket where the host agent (ringipamd)
+	// serves this etcd store to the plugins, the Docker driver and
+	// ringctl (package relay): the agent listens there, the others send
+	// their calls there when an agent of the same cluster answers, and
+	// reach etcd themselves when none does. Default
+	// /run/ringipam/store.sock; "off": never.
+	AgentSocket string `json:"agentSocket,omitempty"`
+}
+
+// AgentSocketOff turns the agent's store socket off.
+const AgentSocketOff = "off"
+
+// Socket returns the agent's store socket of an etcd store ("" when
+// off or for a local store).
+func (c Config) Socket() string {
+	switch {
+	case c.Type != TypeEtcd || c.AgentSocket == AgentSocketOff:
+		return ""
+	case c.AgentSocket == "":
+		return relay.DefaultSocket
+	}
+	return c.AgentSocket
+}
+
+// Identity is the cluster an etcd store names, as the agent's socket
+// compares it.
+func (c Config) Identity() relay.Identity {
+	p := c.Prefix
+	if p == "" {
+		p = etcdjson.DefaultPrefix
+	}
+	return relay.Identity{Prefix: p, Endpoints: c.Endpoints}
 }
 
 // Parse decodes a JSON store config, rejecting unknown fields, and
@@ -143,8 +176,8 @@ func (c Config) Validate() error {
 	}
 	switch c.Type {
 	case "", TypeLocal:
-		if len(c.Endpoints) > 0 || (c.TLS != nil && *c.TLS != (TLS{})) || c.Username != "" || c.Password != "" {
-			bad(`endpoints, tls, username and password belong to type "etcd", not "local"`)
+		if len(c.Endpoints) > 0 || (c.TLS != nil && *c.TLS != (TLS{})) || c.Username != "" || c.Password != "" || c.AgentSocket != "" {
+			bad(`endpoints, tls, username, password and agentSocket belong to type "etcd", not "local"`)
 		}
 		if strings.ContainsRune(c.Path, 0) {
 			bad("path contains a NUL byte")
@@ -173,6 +206,9 @@ func (c Config) Validate() error {
 		}
 		if c.Password != "" && c.Username == "" {
 			bad("password given without username")
+		}
+		if a := c.AgentSocket; a != "" && a != AgentSocketOff && (!filepath.IsAbs(a) || strings.ContainsRune(a, 0)) {
+			bad("agentSocket %q must be an absolute path or \"off\"", a)
 		}
 	default:
 		bad(`unknown type %q: want "local" or "etcd"`, c.Type)
@@ -216,8 +252,22 @@ func checkEndpoint(e string) error {
 
 // Open validates c and opens the store it describes. A local store is
 // cheap (no file is opened until the first call); an etcd store holds a
-// client connection until Close.
+// client connection until Close. An etcd store goes through the host
+// agent's socket when an agent of the same cluster answers there (see
+// AgentSocket), and to etcd itself otherwise.
 func Open(c Config) (store.Store, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	if sock := c.Socket(); sock != "" {
+		return relay.NewClient(sock, c.Identity(), func() (store.Store, error) { return OpenDirect(c) }), nil
+	}
+	return OpenDirect(c)
+}
+
+// OpenDirect is Open without the agent's socket: an etcd store reaches
+// etcd itself.
+func OpenDirect(c Config) (store.Store, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/etcdjson"
 	"github.com/ringipam/ringipam/pkg/store/local"
+	"github.com/ringipam/ringipam/pkg/store/relay"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
@@ -84,6 +85,8 @@ func TestParseErrors(t *testing.T) {
 		{"etcd password without user", `{"type":"etcd","endpoints":["h:1"],"password":"p"}`, []string{"without username"}},
 		{"etcd with path", `{"type":"etcd","endpoints":["h:1"],"path":"/x"}`, []string{`path belongs to type "local"`}},
 		{"local with endpoints", `{"endpoints":["h:1"]}`, []string{`belong to type "etcd"`}},
+		{"local with agent socket", `{"agentSocket":"/run/x.sock"}`, []string{`belong to type "etcd"`}},
+		{"etcd relative agent socket", `{"type":"etcd","endpoints":["h:1"],"agentSocket":"x.sock"}`, []string{`agentSocket "x.sock" must be an absolute path`}},
 		{"all problems at once", `{"type":"etcd","dialTimeout":"-1s","tls":{"key":"/k"}}`,
 			[]string{"dialTimeout", "endpoint", "cert and key"}},
 	}
@@ -121,17 +124,50 @@ func TestOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	e, err := storeconfig.Open(storeconfig.Config{Type: "etcd", Endpoints: []string{"127.0.0.1:1"},
-		DialTimeout: storeconfig.Duration(100 * time.Millisecond), RequestTimeout: storeconfig.Duration(200 * time.Millisecond)})
+	etcdCfg := storeconfig.Config{Type: "etcd", Endpoints: []string{"127.0.0.1:1"},
+		DialTimeout: storeconfig.Duration(100 * time.Millisecond), RequestTimeout: storeconfig.Duration(200 * time.Millisecond)}
+	// With the agent's socket off, and through OpenDirect: etcd itself.
+	for _, open := range []func() (store.Store, error){
+		func() (store.Store, error) {
+			c := etcdCfg
+			c.AgentSocket = storeconfig.AgentSocketOff
+			return storeconfig.Open(c)
+		},
+		func() (store.Store, error) { return storeconfig.OpenDirect(etcdCfg) },
+	} {
+		e, err := open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if es, ok := e.(*etcdjson.Store); !ok || es.Prefix() != etcdjson.DefaultPrefix {
+			t.Fatalf("Open(etcd) = %T", e)
+		}
+		if err := store.Ping(ctx, e); !errors.Is(err, store.ErrUnavailable) {
+			t.Fatalf("Ping of nothing: %v", err)
+		}
+	}
+	// By default through the agent's socket when one answers; nothing
+	// answers here, so the calls go to etcd and fail as etcd's would.
+	c := etcdCfg
+	c.AgentSocket = filepath.Join(t.TempDir(), "store.sock")
+	e, err := storeconfig.Open(c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	if es, ok := e.(*etcdjson.Store); !ok || es.Prefix() != etcdjson.DefaultPrefix {
-		t.Fatalf("Open(etcd) = %T", e)
+	rc, ok := e.(*relay.Client)
+	if !ok {
+		t.Fatalf("Open(etcd) = %T, want the agent's client", e)
 	}
 	if err := store.Ping(ctx, e); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("Ping of nothing: %v", err)
+	}
+	if !strings.Contains(rc.Via(), "no ringipamd at "+c.AgentSocket) {
+		t.Fatalf("Via: %q", rc.Via())
+	}
+	if got := (storeconfig.Config{Type: "etcd"}).Socket(); got != relay.DefaultSocket {
+		t.Fatalf("default socket %q", got)
 	}
 
 	if _, err := storeconfig.Open(storeconfig.Config{Type: "nope"}); !errors.Is(err, storeconfig.ErrInvalid) {

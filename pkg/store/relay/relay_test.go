@@ -1,0 +1,227 @@
+package relay_test
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/memory"
+	"github.com/ringipam/ringipam/pkg/store/relay"
+	"github.com/ringipam/ringipam/pkg/store/storetest"
+)
+
+var served = relay.Identity{Prefix: "/ringipam/", Endpoints: []string{"http://198.18.0.1:2379", "198.18.0.2:2379"}}
+
+// startServer serves backend on a fresh socket until the test ends.
+func startServer(t *testing.T, backend store.Store) (socket string, stop func()) {
+	t.Helper()
+	socket = filepath.Join(t.TempDir(), "store.sock")
+	l, err := relay.Listen(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.NewServer(backend, served, t.Logf).Serve(ctx, l) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { stopServer(t, cancel, done) }) }
+	t.Cleanup(stop)
+	return socket, stop
+}
+
+func stopServer(t *testing.T, cancel func(), done chan error) {
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("Serve did not return after its context ended")
+	}
+}
+
+// noDirect fails the test if the client ever goes direct.
+func noDirect(t *testing.T) func() (store.Store, error) {
+	return func() (store.Store, error) {
+		t.Error("the client went direct although the agent serves its cluster")
+		return nil, errors.New("no direct store in this test")
+	}
+}
+
+// The one store contract, through the relay (the memory store behind it).
+func TestContract(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store {
+		socket, _ := startServer(t, memory.New())
+		c := relay.NewClient(socket, relay.Identity{Prefix: "/ringipam/", Endpoints: []string{"198.18.0.2:2379"}}, noDirect(t))
+		t.Cleanup(func() { c.Close() })
+		return c
+	}, storetest.Persistent(func(t *testing.T) func(t *testing.T) store.Store {
+		backend := memory.New()
+		return func(t *testing.T) store.Store {
+			socket, _ := startServer(t, backend)
+			c := relay.NewClient(socket, served, noDirect(t))
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+	}))
+}
+
+type countingStore struct {
+	store.Store
+	calls atomic.Int64
+}
+
+func (c *countingStore) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
+	c.calls.Add(1)
+	return c.Store.Get(ctx, keys...)
+}
+
+// Without an agent, or with an agent of another cluster, the client uses
+// its direct store; it says why.
+func TestFallsBackToTheDirectStore(t *testing.T) {
+	ctx := context.Background()
+	for name, tc := range map[string]struct {
+		id      relay.Identity
+		noAgent bool
+		why     string
+	}{
+		"no agent":        {id: served, noAgent: true, why: "no ringipamd"},
+		"other prefix":    {id: relay.Identity{Prefix: "/other/", Endpoints: served.Endpoints}, why: "serves prefix"},
+		"other endpoints": {id: relay.Identity{Prefix: served.Prefix, Endpoints: []string{"198.18.9.9:2379"}}, why: "serves prefix"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			agentSide := &countingStore{Store: memory.New()}
+			socket, _ := startServer(t, agentSide)
+			if tc.noAgent {
+				socket = filepath.Join(t.TempDir(), "nobody.sock")
+			}
+			direct := &countingStore{Store: memory.New()}
+			c := relay.NewClient(socket, tc.id, func() (store.Store, error) { return direct, nil })
+			defer c.Close()
+			if err := c.Commit(ctx, nil, []store.Op{store.Put("k", []byte("v"))}); err != nil {
+				t.Fatal(err)
+			}
+			kvs, err := c.Get(ctx, "k")
+			if err != nil || string(kvs[0].Value) != "v" {
+				t.Fatalf("get: %v %v", kvs, err)
+			}
+			if direct.calls.Load() != 1 || agentSide.calls.Load() != 0 {
+				t.Fatalf("direct calls %d, agent calls %d", direct.calls.Load(), agentSide.calls.Load())
+			}
+			if !strings.Contains(c.Via(), tc.why) {
+				t.Fatalf("Via %q does not say %q", c.Via(), tc.why)
+			}
+		})
+	}
+}
+
+// Through the agent the direct store is never opened; sentinels survive
+// the trip; a read whose agent went away is answered directly, a commit
+// whose agent went away is unavailable.
+func TestAgentCallsAndLostAgent(t *testing.T) {
+	ctx := context.Background()
+	backend := memory.New()
+	socket, stop := startServer(t, backend)
+	var opened atomic.Int64
+	direct := memory.New()
+	c := relay.NewClient(socket, served, func() (store.Store, error) { opened.Add(1); return direct, nil })
+	defer c.Close()
+	if err := c.Commit(ctx, []store.Cond{{Key: "k", Revision: 0}}, []store.Op{store.Put("k", []byte("v"))}); err != nil {
+		t.Fatal(err)
+	}
+	err := c.Commit(ctx, []store.Cond{{Key: "k", Revision: 0}}, []store.Op{store.Put("k", []byte("w"))})
+	if !errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a failed condition through the agent: %v", err)
+	}
+	dctx, cancel := context.WithDeadline(ctx, time.Now().Add(-time.Second))
+	defer cancel()
+	if _, err := c.Get(dctx, "k"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a passed deadline: %v", err)
+	}
+	if !strings.HasPrefix(c.Via(), "ringipamd at ") && c.Via() != "" {
+		t.Fatalf("Via %q", c.Via())
+	}
+	if kvs, err := c.Get(ctx, "k"); err != nil || string(kvs[0].Value) != "v" {
+		t.Fatalf("get through the agent: %v %v", kvs, err)
+	}
+	if opened.Load() != 0 {
+		t.Fatal("the direct store was opened although the agent answers")
+	}
+	stop() // the agent goes away with the client connected
+	if _, err := c.Get(ctx, "k"); err != nil {
+		t.Fatalf("a read after the agent went away: %v", err)
+	}
+	if opened.Load() != 1 {
+		t.Fatalf("the direct store was opened %d times", opened.Load())
+	}
+
+	// A commit in flight when the agent goes away: unavailable.
+	backend2 := &blockingStore{Store: memory.New(), entered: make(chan struct{})}
+	socket2, stop2 := startServer(t, backend2)
+	c2 := relay.NewClient(socket2, served, noDirect(t))
+	defer c2.Close()
+	go func() { <-backend2.entered; stop2() }()
+	err = c2.Commit(ctx, nil, []store.Op{store.Put("k", []byte("v"))})
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "may or may not") {
+		t.Fatalf("a commit whose agent went away: %v", err)
+	}
+}
+
+// blockingStore's Commit waits for its context.
+type blockingStore struct {
+	store.Store
+	entered chan struct{}
+}
+
+func (b *blockingStore) Commit(ctx context.Context, _ []store.Cond, _ []store.Op) error {
+	close(b.entered)
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// A socket another server still serves is not taken over; a stale one is.
+func TestListen(t *testing.T) {
+	socket, _ := startServer(t, memory.New())
+	if _, err := relay.Listen(socket); err == nil || !strings.Contains(err.Error(), "another process") {
+		t.Fatalf("second Listen on a served socket: %v", err)
+	}
+	stale := filepath.Join(t.TempDir(), "stale.sock")
+	l, err := relay.Listen(stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Leave the file behind as a killed agent would.
+	if ul, ok := l.(interface{ SetUnlinkOnClose(bool) }); ok {
+		ul.SetUnlinkOnClose(false)
+	}
+	l.Close()
+	l, err = relay.Listen(stale)
+	if err != nil {
+		t.Fatalf("Listen over a stale socket: %v", err)
+	}
+	l.Close()
+}
+
+func TestIdentityMatches(t *testing.T) {
+	for _, tc := range []struct {
+		c    relay.Identity
+		want bool
+	}{
+		{relay.Identity{Prefix: "/ringipam/", Endpoints: []string{"198.18.0.1:2379/"}}, true},
+		{relay.Identity{Prefix: "/ringipam/", Endpoints: []string{"https://198.18.0.2:2379"}}, true},
+		{relay.Identity{Prefix: "/ringipam/", Endpoints: []string{"198.18.0.3:2379"}}, false},
+		{relay.Identity{Prefix: "/other/", Endpoints: []string{"198.18.0.1:2379"}}, false},
+		{relay.Identity{Prefix: "/ringipam/"}, false},
+	} {
+		if got := served.Matches(tc.c); got != tc.want {
+			t.Errorf("%+v: %v, want %v", tc.c, got, tc.want)
+		}
+	}
+}
