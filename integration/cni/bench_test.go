@@ -46,16 +46,96 @@ func variants(b *testing.B) []ipamVariant {
 		{"ipam-ring/local", cnitest.IPAMBin, func(b *testing.B) map[string]any {
 			return map[string]any{"type": "ipam-ring", "host": "bench", "store": localStore(b)}
 		}},
+		// etcd reached by the plugin itself (no agent on the host), and
+		// through the host agent's store socket (the deployment the
+		// README describes: ringipamd runs on every host of an etcd
+		// cluster).
 		{"ipam-ring/etcd-tmpfs", cnitest.IPAMBin, func(b *testing.B) map[string]any {
-			e := testenv.StartEtcd(b)
-			return map[string]any{"type": "ipam-ring", "host": "bench", "store": etcdStore(e.Endpoints(), "/ringipam/")}
+			return benchEtcd(b, testenv.StartEtcd(b), false)
 		}},
 		{"ipam-ring/etcd-disk", cnitest.IPAMBin, func(b *testing.B) map[string]any {
-			e := testenv.StartEtcdOnDisk(b)
-			return map[string]any{"type": "ipam-ring", "host": "bench", "store": etcdStore(e.Endpoints(), "/ringipam/")}
+			return benchEtcd(b, testenv.StartEtcdOnDisk(b), false)
+		}},
+		{"ipam-ring/etcd-tmpfs+agent", cnitest.IPAMBin, func(b *testing.B) map[string]any {
+			return benchEtcd(b, testenv.StartEtcd(b), true)
+		}},
+		{"ipam-ring/etcd-disk+agent", cnitest.IPAMBin, func(b *testing.B) map[string]any {
+			return benchEtcd(b, testenv.StartEtcdOnDisk(b), true)
 		}},
 	}
 }
+
+// benchEtcd is ipam-ring's "ipam" object on etcd e: straight to etcd, or
+// through a ringipamd started for the benchmark (stopped at its end).
+func benchEtcd(b *testing.B, e *testenv.Etcd, withAgent bool) map[string]any {
+	st := etcdStore(e.Endpoints(), "/ringipam/")
+	st["agentSocket"] = "off"
+	if withAgent {
+		st["agentSocket"] = startAgent(b, e.Endpoints()[0], "/ringipam/")
+	}
+	return map[string]any{"type": "ipam-ring", "host": "bench", "store": st}
+}
+
+// startAgent runs the ringipamd binary (built once per run) on etcd at
+// endpoint, serving its store socket only (no status page, no ingress),
+// and returns the socket's path once it exists.
+func startAgent(b *testing.B, endpoint, prefix string) string {
+	b.Helper()
+	agentOnce.Do(func() {
+		// Beside ipam-ring, in the directory cnitest.Main removes.
+		agentBin = filepath.Join(filepath.Dir(cnitest.IPAMBin), "ringipamd")
+		ctx, cancel := context.WithTimeout(context.Background(), cnitest.BuildTimeout)
+		defer cancel()
+		agentErr = cnitest.Build(ctx, agentBin, "./cmd/ringipamd")
+	})
+	if agentErr != nil {
+		b.Fatalf("building ringipamd: %v", agentErr)
+	}
+	dir, err := os.MkdirTemp("", "rs")
+	if err != nil {
+		b.Fatal(err)
+	}
+	sock := filepath.Join(dir, "store.sock")
+	var out strings.Builder
+	cmd := exec.Command(agentBin, "--host", "bench-agent", "--store", "etcd", "--etcd-endpoints", endpoint, "--store-prefix", prefix,
+		"--listen", "off", "--ingress=false", "--sweep=false", "--status-refresh", "1h", "--store-socket", sock, "--log-level", "warn")
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	b.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		os.RemoveAll(dir)
+	})
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			return sock
+		}
+		select {
+		case <-done:
+			b.Fatalf("ringipamd exited: %s", out.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("ringipamd did not open %s within 20s: %s", sock, out.String())
+		}
+	}
+}
+
+var (
+	agentOnce sync.Once
+	agentBin  string
+	agentErr  error
+)
 
 // execIPAMBin runs one verb of bin for container id, as a main plugin
 // invokes its IPAM plugin, and returns how long it took.
@@ -143,7 +223,7 @@ func ms(d time.Duration) string { return fmt.Sprintf("%.2f ms", float64(d.Micros
 var liveSizes = []int{100, 2000}
 
 const (
-	serialSample   = 100 // ADDs timed one at a time (each followed by an untimed DEL)
+	serialSample   = 200 // ADDs timed one at a time (each followed by an untimed DEL)
 	parallelSample = 200 // ADDs timed 8 at a time
 )
 
@@ -151,56 +231,33 @@ const (
 // runtimes exec it) with 100 and 2 000 allocations live: one at a time
 // (mean, p50, p99; the live count stays fixed) and 8 at a time (ADDs per
 // second), for host-local, ipam-ring on its local store and ipam-ring on
-// etcd (data on tmpfs and on disk), and prints the ratios to host-local and
-// of etcd to the local store.
+// etcd (data on tmpfs and on disk; reached by the plugin itself and through
+// the host agent's store socket), and prints the ratios to host-local and
+// of etcd to the local store. The one-at-a-time samples of all variants
+// are interleaved.
 func BenchmarkIPAMAdd(b *testing.B) {
-	type row struct {
-		plugin         string
-		live           int
-		mean, p50, p99 time.Duration
-		parallelPerSec float64
-		parallelP50    time.Duration
-	}
+	type row = ipamAddRow
+	// Two groups, measured one after the other: host-local and the local
+	// store with no etcd on the machine; then the etcd variants beside the
+	// local store once more (localBesideEtcd), now with the etcd servers and
+	// agents running, so that "etcd vs local store" compares like with like.
 	var rows []row
 	for i := 0; i < b.N; i++ {
+		var alone, besideEtcd []ipamVariant
 		for _, v := range variants(b) {
-			ipam := v.ipam(b)
-			ipam["ranges"] = [][]map[string]string{subnet("198.18.64.0/20")}
-			conf, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": netns.Unique("bench-"), "type": "bridge", "ipam": ipam})
-			live := 0
-			for _, size := range liveSizes {
-				start := time.Now()
-				fill := ids("fill", size)[live:]
-				if _, _, err := parallelDo(v.bin, conf, "ADD", fill, 8); err != nil {
-					b.Fatalf("%s: filling to %d: %v", v.name, size, err)
-				}
-				live = size
-				b.Logf("%s: %d live allocations made in %s", v.name, size, time.Since(start).Round(time.Millisecond))
-				var lat []time.Duration
-				for _, id := range ids(fmt.Sprintf("s%d", size), serialSample) {
-					d, err := execIPAMBin(v.bin, conf, "ADD", id)
-					if err != nil {
-						b.Fatalf("%s: %v", v.name, err)
-					}
-					lat = append(lat, d)
-					if _, err := execIPAMBin(v.bin, conf, "DEL", id); err != nil {
-						b.Fatalf("%s: DEL %s: %v", v.name, id, err)
-					}
-				}
-				burst := ids(fmt.Sprintf("p%d", size), parallelSample)
-				plat, wall, err := parallelDo(v.bin, conf, "ADD", burst, 8)
-				if err != nil {
-					b.Fatalf("%s: %v", v.name, err)
-				}
-				if _, _, err := parallelDo(v.bin, conf, "DEL", burst, 8); err != nil {
-					b.Fatalf("%s: %v", v.name, err)
-				}
-				r := row{plugin: v.name, live: size, mean: mean(lat), p50: pct(lat, 50), p99: pct(lat, 99),
-					parallelPerSec: float64(parallelSample) / wall.Seconds(), parallelP50: pct(plat, 50)}
-				rows = append(rows, r)
-				b.ReportMetric(float64(r.mean.Microseconds())/1000, fmt.Sprintf("mean-ms/%s@%d", v.name, size))
+			switch {
+			case strings.HasPrefix(v.name, "ipam-ring/etcd"):
+				besideEtcd = append(besideEtcd, v)
+			case v.name == "ipam-ring/local":
+				alone = append(alone, v)
+				v.name = localBesideEtcd
+				besideEtcd = append([]ipamVariant{v}, besideEtcd...)
+			default:
+				alone = append(alone, v)
 			}
 		}
+		rows = append(rows, measureIPAMAdd(b, alone)...)
+		rows = append(rows, measureIPAMAdd(b, besideEtcd)...)
 	}
 	find := func(plugin string, live int) (row, bool) {
 		for _, r := range rows {
@@ -215,11 +272,12 @@ func BenchmarkIPAMAdd(b *testing.B) {
 	fmt.Fprintf(tw, "plugin\tlive\tmean\tp50\tp99\tmean vs host-local\t8-way ADDs/s\t8-way vs host-local\tp50 vs local store\t\n")
 	for _, r := range rows {
 		vsHL, parHL, vsLocal := "-", "-", "-"
-		if h, ok := find("host-local", r.live); ok {
+		if h, ok := find("host-local", r.live); ok && r.plugin != localBesideEtcd && !strings.HasPrefix(r.plugin, "ipam-ring/etcd") {
+			// Only rows measured beside host-local are compared with it.
 			vsHL = fmt.Sprintf("%.2fx", float64(r.mean)/float64(h.mean))
 			parHL = fmt.Sprintf("%.2fx", r.parallelPerSec/h.parallelPerSec)
 		}
-		if l, ok := find("ipam-ring/local", r.live); ok && strings.HasPrefix(r.plugin, "ipam-ring/etcd") {
+		if l, ok := find(localBesideEtcd, r.live); ok && strings.HasPrefix(r.plugin, "ipam-ring/etcd") {
 			vsLocal = fmt.Sprintf("%.2fx", float64(r.p50)/float64(l.p50))
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%.0f\t%s\t%s\t\n", r.plugin, r.live, ms(r.mean), ms(r.p50), ms(r.p99), vsHL, r.parallelPerSec, parHL, vsLocal)
@@ -247,13 +305,90 @@ func BenchmarkIPAMAdd(b *testing.B) {
 		}
 		verdict(fmt.Sprintf("local store ADD mean vs host-local at %d live", live), float64(l.mean)/float64(h.mean), limit, true)
 		verdict(fmt.Sprintf("local store 8-way ADDs/s vs host-local at %d live", live), l.parallelPerSec/h.parallelPerSec, 2, false)
-		for _, e := range []string{"ipam-ring/etcd-tmpfs", "ipam-ring/etcd-disk"} {
-			if r, ok := find(e, live); ok {
-				verdict(fmt.Sprintf("%s ADD p50 vs local store at %d live", strings.TrimPrefix(e, "ipam-ring/"), live), float64(r.p50)/float64(l.p50), 1.5, true)
+		if lb, ok := find(localBesideEtcd, live); ok {
+			for _, e := range []string{"ipam-ring/etcd-tmpfs", "ipam-ring/etcd-disk", "ipam-ring/etcd-tmpfs+agent", "ipam-ring/etcd-disk+agent"} {
+				if r, ok := find(e, live); ok {
+					verdict(fmt.Sprintf("%s ADD p50 vs local store at %d live", strings.TrimPrefix(e, "ipam-ring/"), live), float64(r.p50)/float64(lb.p50), 1.5, true)
+				}
 			}
 		}
 	}
 	fmt.Println()
+}
+
+// ipamAddRow is one plugin's figures at one live count.
+type ipamAddRow struct {
+	plugin         string
+	live           int
+	mean, p50, p99 time.Duration
+	parallelPerSec float64
+	parallelP50    time.Duration
+}
+
+// localBesideEtcd names the local store's row measured with the etcd
+// variants.
+const localBesideEtcd = "ipam-ring/local, etcd running"
+
+// measureIPAMAdd measures the variants vs at every live count.
+func measureIPAMAdd(b *testing.B, vs []ipamVariant) []ipamAddRow {
+	var rows []ipamAddRow
+	// Every variant is set up first; then, at each live count, all
+	// are filled, their one-at-a-time ADDs interleaved (variant after
+	// variant, sample after sample, so that a change of the machine's
+	// load during the run touches every row alike), and their 8-way
+	// bursts run one variant after the other.
+	type setup struct {
+		ipamVariant
+		conf []byte
+		live int
+	}
+	var set []*setup
+	for _, v := range vs {
+		ipam := v.ipam(b)
+		ipam["ranges"] = [][]map[string]string{subnet("198.18.64.0/20")}
+		conf, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": netns.Unique("bench-"), "type": "bridge", "ipam": ipam})
+		set = append(set, &setup{ipamVariant: v, conf: conf})
+	}
+	for _, size := range liveSizes {
+		for _, v := range set {
+			start := time.Now()
+			fill := ids("fill", size)[v.live:]
+			if _, _, err := parallelDo(v.bin, v.conf, "ADD", fill, 8); err != nil {
+				b.Fatalf("%s: filling to %d: %v", v.name, size, err)
+			}
+			v.live = size
+			b.Logf("%s: %d live allocations made in %s", v.name, size, time.Since(start).Round(time.Millisecond))
+		}
+		lat := make([][]time.Duration, len(set))
+		for _, id := range ids(fmt.Sprintf("s%d", size), serialSample) {
+			for j, v := range set {
+				d, err := execIPAMBin(v.bin, v.conf, "ADD", id)
+				if err != nil {
+					b.Fatalf("%s: %v", v.name, err)
+				}
+				lat[j] = append(lat[j], d)
+				if _, err := execIPAMBin(v.bin, v.conf, "DEL", id); err != nil {
+					b.Fatalf("%s: DEL %s: %v", v.name, id, err)
+				}
+			}
+		}
+		for j, v := range set {
+			burst := ids(fmt.Sprintf("p%d", size), parallelSample)
+			plat, wall, err := parallelDo(v.bin, v.conf, "ADD", burst, 8)
+			if err != nil {
+				b.Fatalf("%s: %v", v.name, err)
+			}
+			if _, _, err := parallelDo(v.bin, v.conf, "DEL", burst, 8); err != nil {
+				b.Fatalf("%s: %v", v.name, err)
+			}
+			r := ipamAddRow{plugin: v.name, live: size, mean: mean(lat[j]), p50: pct(lat[j], 50), p99: pct(lat[j], 99),
+				parallelPerSec: float64(parallelSample) / wall.Seconds(), parallelP50: pct(plat, 50)}
+			rows = append(rows, r)
+			unit := strings.NewReplacer(", ", "+", " ", "-").Replace(fmt.Sprintf("mean-ms/%s@%d", v.name, size))
+			b.ReportMetric(float64(r.mean.Microseconds())/1000, unit)
+		}
+	}
+	return rows
 }
 
 // BenchmarkStartup measures a plugin process that does nothing

@@ -63,6 +63,11 @@ func WithRetry(p retry.Policy) Option { return func(a *Allocator) { a.policy = p
 // WithTimeout sets the deadline each call gets when its context has none.
 func WithTimeout(d time.Duration) Option { return func(a *Allocator) { a.timeout = d } }
 
+// utcNow is the default clock: timestamps in the store (the history's
+// events) are written in UTC, the same on every host of a cluster whatever
+// its time zone (and a plugin process never reads the zone database).
+func utcNow() time.Time { return time.Now().UTC() }
+
 // WithClock sets the clock used for timestamps (tests).
 func WithClock(now func() time.Time) Option { return func(a *Allocator) { a.now = now } }
 
@@ -71,7 +76,7 @@ func New(st store.Store, host string, opts ...Option) (*Allocator, error) {
 	if err := validName("host", host); err != nil {
 		return nil, err
 	}
-	a := &Allocator{st: st, host: host, policy: retry.Default, timeout: 30 * time.Second, now: time.Now, hold: DefaultReservationHold}
+	a := &Allocator{st: st, host: host, policy: retry.Default, timeout: 30 * time.Second, now: utcNow, hold: DefaultReservationHold}
 	for _, o := range opts {
 		o(a)
 	}
