@@ -3,6 +3,7 @@
 package agent_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"strings"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"github.com/ringipam/ringipam/integration/cnitest"
+	"github.com/ringipam/ringipam/integration/netns"
+	"github.com/ringipam/ringipam/internal/testenv"
 )
 
 // The ipam-ring binary sends its store calls to the agent's socket when
@@ -102,4 +105,46 @@ func TestPluginsReachEtcdThroughTheAgent(t *testing.T) {
 		t.Fatalf("the stopped agent left its socket: %v", err)
 	}
 	add("relay-after") // straight to etcd: the same ring, no address given twice
+}
+
+// On an etcd over TLS the plugin, which carries no TLS, works through the
+// agent (which holds the client certificate); with no agent it fails with
+// "try again later" (11) naming the socket it looked at, within its
+// deadline, and works again as soon as an agent runs.
+func TestTLSEtcdThroughTheAgent(t *testing.T) {
+	netns.RequireRoot(t)
+	srv, files := testenv.StartEtcdTLS(t)
+	prefix := "/" + netns.Unique("agt-") + "/"
+	sock := socketPath(t)
+	st := map[string]any{"type": "etcd", "endpoints": srv.Endpoints(), "prefix": prefix, "agentSocket": sock,
+		"tls": map[string]string{"ca": files.CA, "cert": files.Cert, "key": files.Key}}
+	conf, err := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "ag-tls", "type": "bridge",
+		"ipam": map[string]any{"type": "ipam-ring", "host": "tls-host", "store": st, "timeout": "3s",
+			"ranges": [][]map[string]string{{{"subnet": "198.18.46.0/24"}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	_, err = cnitest.ExecIPAM("ADD", conf, "tls-1", "")
+	if cnitest.CNICode(err) != 11 || !strings.Contains(err.Error(), "no ringipamd at "+sock) || !strings.Contains(err.Error(), "TLS") {
+		t.Fatalf("ADD on TLS etcd without an agent: %v (code %d), want 11 naming the socket", err, cnitest.CNICode(err))
+	}
+
+	startBinary(t, nil, "--host", "tls-host", "--store", "etcd", "--etcd-endpoints", strings.Join(srv.Endpoints(), ","),
+		"--etcd-cacert", files.CA, "--etcd-cert", files.Cert, "--etcd-key", files.Key,
+		"--store-prefix", prefix, "--listen", "off", "--ingress=false", "--store-socket", sock)
+	waitFor(t, 20*time.Second, "the store socket", func() (bool, string) {
+		_, err := os.Stat(sock)
+		return err == nil, fmt.Sprint(err)
+	})
+	res, err := cnitest.ExecIPAM("ADD", conf, "tls-1", "")
+	if err != nil {
+		t.Fatalf("ADD on TLS etcd through the agent: %v", err)
+	}
+	if _, err := cnitest.ExecIPAM("CHECK", withPrev(t, conf, res.IPs[0].Address.IP.String(), "198.18.46.0/24"), "tls-1", ""); err != nil {
+		t.Fatalf("CHECK through the agent: %v", err)
+	}
+	if _, err := cnitest.ExecIPAM("DEL", conf, "tls-1", ""); err != nil {
+		t.Fatalf("DEL through the agent: %v", err)
+	}
 }

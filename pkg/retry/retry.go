@@ -45,10 +45,16 @@ func Do(ctx context.Context, p Policy, retryable func(error) bool, op func(attem
 			}
 			return err
 		}
-		last = op(attempt)
-		if last == nil || !retryable(last) {
-			return last
+		err := op(attempt)
+		if err == nil || !retryable(err) {
+			if err != nil && last != nil && ctx.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)) {
+				// The deadline ended this attempt: say what the earlier
+				// ones met, as when it ends a backoff.
+				return fmt.Errorf("%w (last error: %w)", err, last)
+			}
+			return err
 		}
+		last = err
 		if attempt == p.Attempts-1 {
 			break
 		}

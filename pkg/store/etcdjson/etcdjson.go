@@ -1,9 +1,10 @@
 // Package etcdjson is the etcd v3 store.Store spoken through etcd's JSON
 // gateway (HTTP/JSON on the client URL: /v3/kv/range, /v3/kv/txn), with
-// its own small HTTP/1.1 client (wire.go), crypto/tls and encoding/json
-// only. It exists so that short-lived plugin processes do not link (and
+// its own small HTTP/1.1 client (wire.go) and encoding/json only; TLS is
+// linked only into programs that import package etcdtls (see TLSSupport).
+// It exists so that short-lived plugin processes do not link (and
 // initialise, on every invocation) the gRPC client, its protobuf registries
-// and its logger, nor net/http: see docs/benchmarks.md.
+// and its logger, nor net/http, nor crypto/tls: see docs/benchmarks.md.
 //
 // Contract: the same as package etcd (one store contract suite runs on
 // both): keys under Config.Prefix (default "/ringipam/"); Get reads all keys
@@ -13,8 +14,8 @@
 // condition writing nothing and returning an error wrapping
 // store.ErrConflict. Every call runs under RequestTimeout (or the caller's
 // earlier deadline); an unreachable cluster or a timeout wraps
-// store.ErrUnavailable and names the endpoints (and a TLS failure says so,
-// with crypto/tls's own words); oversized transactions
+// store.ErrUnavailable and names the endpoints (and a TLS failure says so);
+// oversized transactions
 // wrap store.ErrTooLarge. Endpoints are tried in order, the next one when
 // one cannot be reached. With Username set it authenticates once per Store
 // and sends the token. Safe for concurrent use.
@@ -22,13 +23,11 @@ package etcdjson
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -100,30 +99,38 @@ func New(cfg Config) (*Store, error) {
 		eps = append(eps, ep)
 		names = append(names, ep.url)
 	}
-	if cfg.TLS != nil {
-		tc := &tls.Config{MinVersion: tls.VersionTLS12}
-		if cfg.TLS.CAFile != "" {
-			pem, err := os.ReadFile(cfg.TLS.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("etcd store: tls ca: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("etcd store: tls ca %s holds no PEM certificate", cfg.TLS.CAFile)
-			}
-			tc.RootCAs = pool
+	needTLS := cfg.TLS != nil
+	for _, ep := range eps {
+		needTLS = needTLS || ep.tls
+	}
+	if needTLS {
+		if TLSSupport == nil {
+			return nil, fmt.Errorf("%w: etcd store %s: %w", store.ErrUnavailable, strings.Join(names, ","), ErrNoTLS)
 		}
-		if cfg.TLS.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(cfg.TLS.CertFile, cfg.TLS.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("etcd store: tls client certificate: %w", err)
-			}
-			tc.Certificates = []tls.Certificate{cert}
+		dial, err := TLSSupport(cfg.TLS)
+		if err != nil {
+			return nil, fmt.Errorf("etcd store: %w", err)
 		}
-		client.tlsConfig = tc
+		client.tls = dial
 	}
 	return &Store{cfg: cfg, client: client, endpoints: eps, names: strings.Join(names, ",")}, nil
 }
+
+// TLSDialer wraps a connected TCP connection in TLS, checking that the
+// server is serverName.
+type TLSDialer func(ctx context.Context, c net.Conn, serverName string) (net.Conn, error)
+
+// TLSSupport builds the TLSDialer of a Config's TLS files (nil: https with
+// the system's roots and no client certificate). Package etcdtls sets it;
+// a program that does not import that package has no TLS: the CNI plugins,
+// which reach a TLS etcd through the host agent's store socket and so do
+// not pay for a TLS stack on every invocation (docs/benchmarks.md).
+var TLSSupport func(*TLS) (TLSDialer, error)
+
+// ErrNoTLS is wrapped by New when a TLS endpoint is configured in a program
+// without TLS support (see TLSSupport); New wraps store.ErrUnavailable with
+// it, since the host agent's socket may answer a moment later.
+var ErrNoTLS = errors.New("this program carries no TLS: it reaches an etcd over TLS only through ringipamd's store socket")
 
 // Prefix returns the key prefix in use.
 func (s *Store) Prefix() string { return s.cfg.Prefix }

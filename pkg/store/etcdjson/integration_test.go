@@ -15,6 +15,7 @@ import (
 	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/etcdjson"
+	_ "github.com/ringipam/ringipam/pkg/store/etcdjson/etcdtls"
 	"github.com/ringipam/ringipam/pkg/store/storetest"
 )
 

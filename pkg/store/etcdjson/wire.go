@@ -7,7 +7,8 @@ package etcdjson
 // gateway does not need (proxies, redirects, HTTP/2, compression, cookies).
 //
 // What it does: keep-alive connections kept per endpoint for reuse; TLS
-// through crypto/tls with the server name checked; answers framed by
+// through the TLSDialer (package etcdtls: crypto/tls, the server name
+// checked); answers framed by
 // Content-Length, chunked transfer coding or the connection's end; the
 // caller's context bounding dial, handshake, write and read. A reused
 // connection that turns out dead is retried once on a fresh one, but only
@@ -17,7 +18,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -71,7 +71,7 @@ func parseEndpoint(raw string) (endpoint, error) {
 // httpClient sends requests and keeps idle connections per endpoint.
 type httpClient struct {
 	dialTimeout time.Duration
-	tlsConfig   *tls.Config // nil: https endpoints use a default config
+	tls         TLSDialer // for https endpoints
 
 	mu   sync.Mutex
 	idle map[string][]*wireConn // by hostport
@@ -148,17 +148,12 @@ func (h *httpClient) dial(ctx context.Context, ep endpoint) (*wireConn, error) {
 		return nil, err
 	}
 	if ep.tls {
-		cfg := h.tlsConfig
-		if cfg == nil {
-			cfg = &tls.Config{MinVersion: tls.VersionTLS12}
+		if h.tls == nil {
+			c.Close()
+			return nil, ErrNoTLS
 		}
-		cfg = cfg.Clone()
-		if cfg.ServerName == "" {
-			cfg.ServerName = ep.host
-		}
-		tc := tls.Client(c, cfg)
 		hctx, cancel := context.WithTimeout(ctx, h.dialTimeout)
-		err := tc.HandshakeContext(hctx)
+		tc, err := h.tls(hctx, c, ep.host)
 		cancel()
 		if err != nil {
 			c.Close()

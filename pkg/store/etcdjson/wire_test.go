@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ringipam/ringipam/pkg/store"
 )
 
 func testEndpoint(t *testing.T, url string) endpoint {
@@ -228,5 +230,25 @@ func TestParseEndpoint(t *testing.T) {
 		if _, err := parseEndpoint(bad); err == nil {
 			t.Errorf("%s: no error", bad)
 		}
+	}
+}
+
+// Without TLS support linked (a CNI plugin), a TLS endpoint is
+// unavailable with ErrNoTLS; plain http needs none.
+func TestNoTLSSupport(t *testing.T) {
+	saved := TLSSupport
+	TLSSupport = nil
+	defer func() { TLSSupport = saved }()
+	for _, cfg := range []Config{
+		{Endpoints: []string{"https://198.18.0.1:2379"}},
+		{Endpoints: []string{"198.18.0.1:2379"}, TLS: &TLS{CAFile: "/ca.pem"}},
+	} {
+		_, err := New(cfg)
+		if !errors.Is(err, ErrNoTLS) || !errors.Is(err, store.ErrUnavailable) {
+			t.Errorf("%+v: %v", cfg, err)
+		}
+	}
+	if _, err := New(Config{Endpoints: []string{"http://198.18.0.1:2379"}}); err != nil {
+		t.Errorf("plain http: %v", err)
 	}
 }

@@ -161,7 +161,13 @@ func (c *Client) run(ctx context.Context, req *request, idempotent bool, direct 
 	if c.direct == nil {
 		d, err := c.open()
 		if err != nil {
-			return nil, err
+			if errors.Is(err, store.ErrUnavailable) {
+				// No direct way now (a TLS etcd in a plugin, which has no
+				// TLS of its own): the next call looks for the agent
+				// again, so that a restarting agent is waited for.
+				c.state = stateUnknown
+			}
+			return nil, fmt.Errorf("%w (%v)", err, c.why)
 		}
 		c.direct = d
 	}

@@ -3,6 +3,7 @@ package relay_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -223,5 +224,37 @@ func TestIdentityMatches(t *testing.T) {
 		if got := served.Matches(tc.c); got != tc.want {
 			t.Errorf("%+v: %v, want %v", tc.c, got, tc.want)
 		}
+	}
+}
+
+// A direct store that cannot be opened now (a TLS etcd in a plugin) is
+// unavailable, names the missing agent, and the next call finds an agent
+// that started meanwhile.
+func TestAgentAwaitedWhenNoDirectWay(t *testing.T) {
+	ctx := context.Background()
+	socket := filepath.Join(t.TempDir(), "store.sock")
+	c := relay.NewClient(socket, served, func() (store.Store, error) {
+		return nil, fmt.Errorf("%w: no TLS here", store.ErrUnavailable)
+	})
+	defer c.Close()
+	_, err := c.Get(ctx, "k")
+	if !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "no ringipamd at "+socket) {
+		t.Fatalf("without an agent: %v", err)
+	}
+	backend := memory.New()
+	if err := backend.Commit(ctx, nil, []store.Op{store.Put("k", []byte("v"))}); err != nil {
+		t.Fatal(err)
+	}
+	l, err := relay.Listen(socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- relay.NewServer(backend, served, t.Logf).Serve(sctx, l) }()
+	defer func() { cancel(); <-done }()
+	kvs, err := c.Get(ctx, "k")
+	if err != nil || string(kvs[0].Value) != "v" {
+		t.Fatalf("once the agent runs: %v %v", kvs, err)
 	}
 }
