@@ -16,6 +16,10 @@ import (
 	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store/storetest"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
+
+	// TLS of its own, as the Docker driver and ringctl have (the plugins
+	// have none: package etcdtls).
+	_ "github.com/ringipam/ringipam/pkg/store/etcdjson/etcdtls"
 )
 
 func tlsOf(f testenv.TLSFiles) *etcd.TLS {
