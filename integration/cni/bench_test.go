@@ -40,11 +40,14 @@ type ipamVariant struct {
 
 func variants(b *testing.B) []ipamVariant {
 	return []ipamVariant{
+		// host-local's data dir and the local store's file each on a
+		// filesystem of its own (see ownFilesystem).
 		{"host-local", cnitest.RefBin(b, "host-local"), func(b *testing.B) map[string]any {
-			return map[string]any{"type": "host-local", "dataDir": b.TempDir()}
+			return map[string]any{"type": "host-local", "dataDir": filepath.Join(ownFilesystem(b), "host-local")}
 		}},
 		{"ipam-ring/local", cnitest.IPAMBin, func(b *testing.B) map[string]any {
-			return map[string]any{"type": "ipam-ring", "host": "bench", "store": localStore(b)}
+			st := map[string]any{"type": "local", "path": filepath.Join(ownFilesystem(b), "ringipam.db")}
+			return map[string]any{"type": "ipam-ring", "host": "bench", "store": st}
 		}},
 		// etcd reached by the plugin itself (no agent on the host), and
 		// through the host agent's store socket (the deployment the
@@ -63,6 +66,43 @@ func variants(b *testing.B) []ipamVariant {
 			return benchEtcd(b, testenv.StartEtcdOnDisk(b), true)
 		}},
 	}
+}
+
+// ownFilesystem makes a fresh ext4 filesystem on the machine's disk (a
+// 512 MiB image file under the benchmark's temporary directory, mounted
+// through a loop device) and returns where it is mounted; it is unmounted
+// when the benchmark ends. The plugins measured side by side each keep
+// their files on one of their own: on a shared ext4 filesystem the local
+// store's fsync commits the journal holding host-local's file creations
+// and removals too (host-local itself never syncs), so each plugin's
+// time would depend on the other's work, which no node sees (one IPAM per
+// network).
+func ownFilesystem(b *testing.B) string {
+	b.Helper()
+	dir := b.TempDir()
+	img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		b.Fatal(err)
+	}
+	f, err := os.Create(img)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := f.Truncate(512 << 20); err != nil {
+		b.Fatal(err)
+	}
+	f.Close()
+	run := func(name string, args ...string) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if out, err := exec.CommandContext(ctx, name, args...).CombinedOutput(); err != nil {
+			b.Fatalf("%s %v: %v\n%s", name, args, err, out)
+		}
+	}
+	run("mkfs.ext4", "-q", "-F", img)
+	run("mount", "-o", "loop", img, mnt)
+	b.Cleanup(func() { run("umount", mnt) })
+	return mnt
 }
 
 // benchEtcd is ipam-ring's "ipam" object on etcd e: straight to etcd, or
