@@ -231,7 +231,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.log.Info("serving the status page and metrics", "addr", l.Addr().String())
 	}
 	if relayL != nil {
-		srv := relay.NewServer(a.st, relay.Identity{Prefix: a.prefix, Endpoints: a.cfg.Store.Endpoints},
+		srv := relay.NewServer(a.st, a.cfg.Store.Identity(),
 			func(msg string, args ...any) { a.log.Warn(msg, args...) })
 		srv.OnCall = func(op string, err error) {
 			result := "ok"

@@ -143,11 +143,15 @@ func (c Config) Socket() string {
 // Identity is the cluster an etcd store names, as the agent's socket
 // compares it.
 func (c Config) Identity() relay.Identity {
-	p := c.Prefix
-	if p == "" {
-		p = etcdjson.DefaultPrefix
+	return relay.Identity{Prefix: c.etcdPrefix(), Endpoints: c.Endpoints}
+}
+
+// etcdPrefix is an etcd store's key prefix, its default applied.
+func (c Config) etcdPrefix() string {
+	if c.Prefix == "" {
+		return etcdjson.DefaultPrefix
 	}
-	return relay.Identity{Prefix: p, Endpoints: c.Endpoints}
+	return c.Prefix
 }
 
 // Parse decodes a JSON store config, rejecting unknown fields, and
@@ -260,9 +264,9 @@ func Open(c Config) (store.Store, error) {
 		return nil, err
 	}
 	if sock := c.Socket(); sock != "" {
-		return relay.NewClient(sock, c.Identity(), func() (store.Store, error) { return OpenDirect(c) }), nil
+		return relay.NewClient(sock, c.Identity(), func() (store.Store, error) { return openDirect(c) }), nil
 	}
-	return OpenDirect(c)
+	return openDirect(c)
 }
 
 // OpenDirect is Open without the agent's socket: an etcd store reaches
@@ -271,6 +275,11 @@ func OpenDirect(c Config) (store.Store, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	return openDirect(c)
+}
+
+// openDirect opens the store of a validated c.
+func openDirect(c Config) (store.Store, error) {
 	switch c.Type {
 	case TypeEtcd:
 		cfg := etcdjson.Config{
@@ -294,11 +303,7 @@ func OpenDirect(c Config) (store.Store, error) {
 // without secrets.
 func (c Config) Describe() string {
 	if c.Type == TypeEtcd {
-		p := c.Prefix
-		if p == "" {
-			p = etcdjson.DefaultPrefix
-		}
-		return fmt.Sprintf("etcd %s prefix %s", strings.Join(c.Endpoints, ","), p)
+		return fmt.Sprintf("etcd %s prefix %s", strings.Join(c.Endpoints, ","), c.etcdPrefix())
 	}
 	p := c.Path
 	if p == "" {

@@ -28,10 +28,8 @@ package etcd
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
@@ -42,6 +40,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/etcdjson"
+	"github.com/ringipam/ringipam/pkg/store/etcdjson/etcdtls"
 )
 
 // Defaults applied by New to zero Config fields.
@@ -145,32 +145,13 @@ func New(cfg Config) (*Store, error) {
 }
 
 func tlsConfig(t *TLS) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if t == nil {
-		return tc, nil
+		return etcdtls.Config(nil)
 	}
 	if (t.CertFile == "") != (t.KeyFile == "") {
 		return nil, errors.New("tls: cert and key must be given together")
 	}
-	if t.CertFile != "" {
-		pair, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls: client certificate %s / key %s: %w", t.CertFile, t.KeyFile, err)
-		}
-		tc.Certificates = []tls.Certificate{pair}
-	}
-	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls: CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls: CA %s: no PEM certificate found", t.CAFile)
-		}
-		tc.RootCAs = pool
-	}
-	return tc, nil
+	return etcdtls.Config(&etcdjson.TLS{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile})
 }
 
 // Client returns the underlying etcd client, for components that need more

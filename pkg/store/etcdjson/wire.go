@@ -96,30 +96,28 @@ var errNotSent = errors.New("request not sent")
 // idempotent says the request may be sent twice.
 func (h *httpClient) post(ctx context.Context, ep endpoint, path string, header []string, body []byte, idempotent bool) (int, []byte, error) {
 	req := buildRequest(ep, path, header, body)
-	if c := h.takeIdle(ep.hostport); c != nil {
+	send := func(c *wireConn) (int, []byte, error) {
 		status, data, reusable, err := h.exchange(ctx, c, req)
-		if err == nil {
-			h.release(ep.hostport, c, reusable)
-			return status, data, nil
+		if err != nil {
+			c.Close()
+			return 0, nil, err
 		}
-		c.Close()
+		h.release(ep.hostport, c, reusable)
+		return status, data, nil
+	}
+	if c := h.takeIdle(ep.hostport); c != nil {
+		status, data, err := send(c)
 		// The server may have closed an idle connection: try once more on
 		// a fresh one when that is safe.
-		if ctx.Err() != nil || !(idempotent || errors.Is(err, errNotSent)) {
-			return 0, nil, err
+		if err == nil || ctx.Err() != nil || !(idempotent || errors.Is(err, errNotSent)) {
+			return status, data, err
 		}
 	}
 	c, err := h.dial(ctx, ep)
 	if err != nil {
 		return 0, nil, err
 	}
-	status, data, reusable, err := h.exchange(ctx, c, req)
-	if err != nil {
-		c.Close()
-		return 0, nil, err
-	}
-	h.release(ep.hostport, c, reusable)
-	return status, data, nil
+	return send(c)
 }
 
 func buildRequest(ep endpoint, path string, header []string, body []byte) []byte {

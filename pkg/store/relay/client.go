@@ -228,18 +228,18 @@ func (c *Client) exchange(ctx context.Context, req *request) (kvs []store.KV, ca
 		return nil, err, nil
 	}
 	b = append(b, '\n')
-	if _, err := c.conn.Write(b); err != nil {
-		c.conn.Close()
+	if _, err := conn.Write(b); err != nil {
+		conn.Close()
 		return nil, nil, err
 	}
 	line, err := readLine(c.r)
 	if err != nil {
-		c.conn.Close()
+		conn.Close()
 		return nil, nil, err
 	}
 	var ans answer
 	if err := json.Unmarshal(line, &ans); err != nil {
-		c.conn.Close()
+		conn.Close()
 		return nil, nil, fmt.Errorf("undecodable answer: %w", err)
 	}
 	if ans.Error != nil {

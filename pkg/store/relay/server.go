@@ -97,6 +97,12 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 		}
 		mu.Lock()
 		conns[c] = struct{}{}
+		if ctx.Err() != nil {
+			// Accepted as the server stops, after the connections were
+			// closed: close this one too, or its read would hold Serve
+			// up to the idle timeout.
+			c.Close()
+		}
 		mu.Unlock()
 		wg.Add(1)
 		go func() {

@@ -23,27 +23,41 @@ import (
 
 func init() { etcdjson.TLSSupport = Dialer }
 
-// Dialer returns the TLS dialer of files (nil: system roots, no client
-// certificate); the files are read once, here.
-func Dialer(files *etcdjson.TLS) (etcdjson.TLSDialer, error) {
-	base := &tls.Config{MinVersion: tls.VersionTLS12}
-	if files != nil && files.CAFile != "" {
+// Config is the TLS client configuration of files (nil: the system's
+// roots, no client certificate): TLS 1.2 or later; the files are read
+// here. The gRPC store (package etcd) builds its configuration with it too.
+func Config(files *etcdjson.TLS) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
+	if files == nil {
+		return tc, nil
+	}
+	if files.CertFile != "" {
+		pair, err := tls.LoadX509KeyPair(files.CertFile, files.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls: client certificate %s / key %s: %w", files.CertFile, files.KeyFile, err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	if files.CAFile != "" {
 		pem, err := os.ReadFile(files.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("tls ca: %w", err)
+			return nil, fmt.Errorf("tls: CA: %w", err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("tls ca %s holds no PEM certificate", files.CAFile)
+			return nil, fmt.Errorf("tls: CA %s: no PEM certificate found", files.CAFile)
 		}
-		base.RootCAs = pool
+		tc.RootCAs = pool
 	}
-	if files != nil && files.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(files.CertFile, files.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls client certificate: %w", err)
-		}
-		base.Certificates = []tls.Certificate{cert}
+	return tc, nil
+}
+
+// Dialer returns the TLS dialer of files (see Config): each connection
+// checks the server's name.
+func Dialer(files *etcdjson.TLS) (etcdjson.TLSDialer, error) {
+	base, err := Config(files)
+	if err != nil {
+		return nil, err
 	}
 	return func(ctx context.Context, c net.Conn, serverName string) (net.Conn, error) {
 		cfg := base.Clone()
