@@ -9,7 +9,6 @@
 package cnimain
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+	"golang.org/x/sys/unix"
 )
 
 // MaxStdin is the largest network configuration a plugin accepts: far above
@@ -35,7 +35,9 @@ func Run(funcs skel.CNIFuncs, versions version.PluginInfo, about string) {
 }
 
 // limitStdin reads stdin up to max bytes and puts what it read back as
-// os.Stdin (through a pipe), or fails when there is more.
+// os.Stdin, or fails when there is more. The bytes are put back in an
+// anonymous memory file (memfd), which skel then reads like any file: no
+// pipe, and no goroutine to feed one.
 func limitStdin(max int64) error {
 	data, err := io.ReadAll(io.LimitReader(os.Stdin, max+1))
 	if err != nil {
@@ -44,14 +46,19 @@ func limitStdin(max int64) error {
 	if int64(len(data)) > max {
 		return fmt.Errorf("network configuration on stdin is larger than %d bytes: refused unread", max)
 	}
-	r, w, err := os.Pipe()
+	fd, err := unix.MemfdCreate("cni-stdin", unix.MFD_CLOEXEC)
 	if err != nil {
 		return fmt.Errorf("re-reading stdin: %w", err)
 	}
-	go func() {
-		_, _ = io.Copy(w, bytes.NewReader(data))
-		_ = w.Close()
-	}()
-	os.Stdin = r
+	f := os.NewFile(uintptr(fd), "stdin")
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("re-reading stdin: %w", err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		f.Close()
+		return fmt.Errorf("re-reading stdin: %w", err)
+	}
+	os.Stdin = f
 	return nil
 }

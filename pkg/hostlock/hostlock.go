@@ -18,7 +18,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -49,29 +48,65 @@ func (d Dir) Lock(ctx context.Context, name string) (func(), error) {
 	if err != nil {
 		return nil, fmt.Errorf("hostlock: %w", err)
 	}
-	wait := 200 * time.Microsecond
-	for {
-		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err == nil {
-			return func() {
-				_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-				_ = f.Close()
-			}, nil
+	if err := Flock(ctx, f, unix.LOCK_EX); err != nil {
+		_ = f.Close()
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w %s: %w", ErrTimeout, path, err)
 		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			_ = f.Close()
-			return nil, fmt.Errorf("hostlock: flock %s: %w", path, err)
+		return nil, fmt.Errorf("hostlock: flock %s: %w", path, err)
+	}
+	return func() {
+		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+		_ = f.Close()
+	}, nil
+}
+
+// Flock takes the flock(2) lock how (unix.LOCK_EX or unix.LOCK_SH) on f,
+// waiting until it is granted or ctx ends, and returns ctx's error in the
+// latter case.
+//
+// The wait is the kernel's: a blocked flock wakes the moment the holder lets
+// go, where polling would leave the lock idle for the rest of a sleep. It
+// happens on a goroutine of its own, so that the caller's wait still ends
+// with ctx. After an error the caller must close f: should the kernel grant
+// the abandoned request later, the lock belongs to f's open file description
+// and is dropped when the last descriptor of it is closed, so nothing stays
+// locked.
+func Flock(ctx context.Context, f *os.File, how int) error {
+	fd := int(f.Fd())
+	err := unix.Flock(fd, how|unix.LOCK_NB)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	// The waiter works on a duplicate of the descriptor (the same open file
+	// description, so the lock it gets is f's) and closes it itself: the
+	// caller may close f, and its number be reused, while the waiter still
+	// sleeps in the kernel or has not entered it yet.
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("duplicate descriptor: %w", err)
+	}
+	granted := make(chan error, 1) // buffered: an abandoned waiter must not block
+	go func() {
+		defer unix.Close(dup)
+		for {
+			err := unix.Flock(dup, how)
+			if !errors.Is(err, unix.EINTR) {
+				granted <- err
+				return
+			}
 		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			_ = f.Close()
-			return nil, fmt.Errorf("%w %s: %w", ErrTimeout, path, ctx.Err())
-		case <-t.C:
-		}
-		if wait < 5*time.Millisecond {
-			wait *= 2
-		}
+	}()
+	select {
+	case err := <-granted:
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }

@@ -3,9 +3,13 @@ package hostlock
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestLockIsExclusiveAndHasADeadline(t *testing.T) {
@@ -71,5 +75,67 @@ func TestBadNames(t *testing.T) {
 	}
 	if _, err := Dir(t.TempDir()).Lock(context.Background(), "a/b"); err == nil {
 		t.Fatal("name with / accepted")
+	}
+}
+
+// A waiter that gave up must leave nothing locked: its request may still
+// be granted by the kernel after the holder lets go, and the lock must then
+// go away with the closed file rather than block the next taker.
+func TestAbandonedWaitLeavesNoLock(t *testing.T) {
+	d := Dir(t.TempDir())
+	unlock, err := d.Lock(context.Background(), "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		_, err := d.Lock(ctx, "p")
+		cancel()
+		if !errors.Is(err, ErrTimeout) {
+			t.Fatalf("lock while held: %v, want ErrTimeout", err)
+		}
+	}
+	unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	again, err := d.Lock(ctx, "p")
+	if err != nil {
+		t.Fatalf("lock after the holder and five abandoned waiters: %v", err)
+	}
+	again()
+}
+
+func TestFlockSharedAndExclusive(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "f")
+	open := func() *os.File {
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	defer stop()
+	a, b, c := open(), open(), open()
+	if err := Flock(ctx, a, unix.LOCK_SH); err != nil {
+		t.Fatal(err)
+	}
+	if err := Flock(ctx, b, unix.LOCK_SH); err != nil {
+		t.Fatalf("second shared lock: %v", err)
+	}
+	short, cancel := context.WithTimeout(ctx, 5*time.Millisecond)
+	defer cancel()
+	if err := Flock(short, c, unix.LOCK_EX); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("exclusive lock under two shared ones: %v, want the deadline", err)
+	}
+	c.Close()
+	c = open()
+	done := make(chan error, 1)
+	go func() { done <- Flock(ctx, c, unix.LOCK_EX) }()
+	_ = unix.Flock(int(a.Fd()), unix.LOCK_UN)
+	_ = unix.Flock(int(b.Fd()), unix.LOCK_UN)
+	if err := <-done; err != nil {
+		t.Fatalf("exclusive lock once the shared ones are gone: %v", err)
 	}
 }

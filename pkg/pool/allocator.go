@@ -126,11 +126,12 @@ func (a *Allocator) run(ctx context.Context, op func(attempt int) error) error {
 }
 
 // lockPools serialises this host's work on pools: in-process first, then
-// across processes when a HostLocker is set. Names are taken in sorted order.
+// across processes when a HostLocker is set (names in sorted order), and
+// last holds the store open when it can (storeHolder).
 func (a *Allocator) lockPools(ctx context.Context, pools []string) (func(), error) {
 	unlock, err := a.locks.lock(ctx, pools...)
-	if err != nil || a.hostLk == nil {
-		return unlock, err
+	if err != nil {
+		return nil, err
 	}
 	names := slices.Clone(pools)
 	slices.Sort(names)
@@ -142,6 +143,9 @@ func (a *Allocator) lockPools(ctx context.Context, pools []string) (func(), erro
 		}
 	}
 	for _, n := range names {
+		if a.hostLk == nil {
+			break
+		}
 		// One lock per (pool, host): hosts simulated on one machine, or a
 		// lock directory shared by mistake, never serialise each other.
 		release, err := a.hostLk.Lock(ctx, n+"@"+a.host)
@@ -151,5 +155,20 @@ func (a *Allocator) lockPools(ctx context.Context, pools []string) (func(), erro
 		}
 		releases = append(releases, release)
 	}
+	if h, ok := a.st.(storeHolder); ok {
+		release, err := h.Hold(ctx)
+		if err != nil {
+			undo()
+			return nil, fmt.Errorf("holding the store: %w", err)
+		}
+		releases = append(releases, release)
+	}
 	return undo, nil
+}
+
+// storeHolder is a store that can keep what one operation needs open across
+// its calls (the local store's file, opened and locked once for the reads
+// and the commit of an allocation instead of once per call).
+type storeHolder interface {
+	Hold(ctx context.Context) (release func(), err error)
 }

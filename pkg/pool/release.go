@@ -48,13 +48,27 @@ func (a *Allocator) ReleaseWith(ctx context.Context, owner Owner, hint ReleaseHi
 	defer cancel()
 	var ks keyset
 	ks.add(ownerKey(owner))
+	var hinted []string
 	for _, p := range hint.Pools {
 		if validName("pool name", p) == nil {
 			ks.add(hostKey(p, a.host))
+			hinted = append(hinted, p)
 		}
 	}
 	if hint.Reservation != "" {
 		ks.add(resvKey(owner.Kind, owner.Network, hint.Reservation))
+	}
+	// The pools the hint names are locked before the read, so that the read
+	// and the commit share one hold of the store; the owner's record decides,
+	// and pools it names beyond the hint are locked once it is known.
+	unlock := func() {}
+	defer func() { unlock() }()
+	if len(hinted) > 0 {
+		var err error
+		if unlock, err = a.lockPools(ctx, hinted); err != nil {
+			unlock = func() {}
+			return Allocation{}, false, err
+		}
 	}
 	kvs, err := a.get(ctx, ks.keys...)
 	if err != nil {
@@ -68,15 +82,21 @@ func (a *Allocator) ReleaseWith(ctx context.Context, owner Owner, hint ReleaseHi
 	if err != nil || !ok {
 		return Allocation{}, false, err
 	}
-	var pools []string
+	pools := slices.Clone(hinted)
 	for _, x := range cur.Addrs {
-		pools = append(pools, x.Pool)
+		if !slices.Contains(hinted, x.Pool) {
+			pools = append(pools, x.Pool)
+		}
 	}
-	unlock, err := a.lockPools(ctx, pools)
-	if err != nil {
-		return Allocation{}, false, err
+	if len(pools) > len(hinted) {
+		unlock()
+		unlock = func() {}
+		relock, err := a.lockPools(ctx, pools)
+		if err != nil {
+			return Allocation{}, false, err
+		}
+		unlock = relock
 	}
-	defer unlock()
 	// The first attempt commits against what was read above (the commit is
 	// conditioned on it, so a change while waiting for the lock is a
 	// conflict); later attempts read again.

@@ -9,11 +9,13 @@
 //   - Many processes: the file is NOT held open between calls. Each Get, Scan
 //     and Commit opens the file, takes its flock (shared for reads, exclusive
 //     for writes), does its work and closes it again, so short-lived CNI
-//     plugin processes and a long-running driver can share one file. The lock
-//     is polled with a short, growing back-off until Config.OpenTimeout (or
-//     the context's deadline, if earlier); when it cannot be obtained the call
-//     fails with an error wrapping store.ErrUnavailable that names the file and
-//     says another process holds it. No call can wait forever.
+//     plugin processes and a long-running driver can share one file. The one
+//     exception is Hold, which keeps the file open and exclusively locked for
+//     the calls of one operation until its release. The lock is waited for
+//     until Config.OpenTimeout (or the context's deadline, if earlier); when
+//     it cannot be obtained the call fails with an error wrapping
+//     store.ErrUnavailable that names the file and says another process holds
+//     it. No call can wait forever.
 //   - Goroutines: a Store is safe for concurrent use. Calls inside one process
 //     are serialised by an in-process lock (with the same deadline), so
 //     goroutines do not fight over the flock.
@@ -32,7 +34,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"time"
@@ -40,6 +41,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 	"golang.org/x/sys/unix"
 
+	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
@@ -76,6 +78,10 @@ type Store struct {
 	prefix  string
 	// sem is the in-process lock: one call at a time touches the file.
 	sem chan struct{}
+	// held is the file kept open by Hold (nil when not held), and holds
+	// the number of Holds not yet released; both guarded by sem.
+	held  *bolt.DB
+	holds int
 }
 
 var _ store.Store = (*Store)(nil)
@@ -235,9 +241,53 @@ func (s *Store) Ping(ctx context.Context) error {
 	return s.view(ctx, func(*bolt.Tx) error { return nil })
 }
 
-// Close implements store.Store. The file is never held open between calls,
-// so there is nothing to release.
+// Close implements store.Store. The file is held open between calls only
+// inside Hold, whose release closes it, so there is nothing to release.
 func (s *Store) Close() error { return nil }
+
+// Hold opens the file for writing, under its exclusive lock, and keeps it
+// open until release is called: the calls of one operation (the reads, then
+// the commit that depends on them) then pay for one open and one lock
+// instead of one each. Until release, every Get, Scan and Commit of this
+// Store uses the held file, and other processes wait for its lock within
+// their own timeouts, as they would for one commit. Holds nest: the file is
+// closed when the last one is released.
+//
+// A file that does not exist yet is not created: Hold then keeps nothing
+// and each call opens the file as usual (the first commit creates it).
+func (s *Store) Hold(ctx context.Context) (release func(), err error) {
+	if _, err := os.Stat(s.path); errors.Is(err, os.ErrNotExist) {
+		return func() {}, ctx.Err()
+	}
+	deadline, err := s.enter(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { <-s.sem }()
+	if s.held == nil {
+		db, err := s.open(ctx, false, deadline)
+		if err != nil {
+			return nil, err
+		}
+		s.held = db
+	}
+	s.holds++
+	var once bool
+	return func() {
+		if once {
+			return
+		}
+		once = true
+		// Calls hold sem only for one bbolt transaction, so this wait is
+		// bounded by theirs.
+		s.sem <- struct{}{}
+		defer func() { <-s.sem }()
+		if s.holds--; s.holds == 0 {
+			_ = s.held.Close()
+			s.held = nil
+		}
+	}, nil
+}
 
 // view runs fn in a read transaction under a shared file lock.
 func (s *Store) view(ctx context.Context, fn func(*bolt.Tx) error) error {
@@ -287,23 +337,14 @@ func syncDir(dir string) error {
 // with takes the in-process lock, opens the file (read-only with a shared
 // flock, or read-write with an exclusive one), runs fn and closes the file.
 func (s *Store) with(ctx context.Context, readOnly bool, fn func(*bolt.DB) error) error {
-	if err := ctx.Err(); err != nil {
+	deadline, err := s.enter(ctx)
+	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(s.timeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
-	timer := time.NewTimer(time.Until(deadline))
-	defer timer.Stop()
-	select {
-	case s.sem <- struct{}{}:
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return fmt.Errorf("%w: local store %s: busy in this process for more than %s", store.ErrUnavailable, s.path, s.timeout)
-	}
 	defer func() { <-s.sem }()
+	if s.held != nil {
+		return s.run(s.held, fn)
+	}
 
 	db, err := s.open(ctx, readOnly, deadline)
 	if err != nil && readOnly && !errors.Is(err, store.ErrUnavailable) && ctx.Err() == nil {
@@ -317,6 +358,11 @@ func (s *Store) with(ctx context.Context, readOnly bool, fn func(*bolt.DB) error
 	// A failing close cannot undo what fn read or durably committed, so it
 	// must not turn a successful call into a reported failure.
 	defer func() { _ = db.Close() }()
+	return s.run(db, fn)
+}
+
+// run calls fn on db and wraps its error with the file's path.
+func (s *Store) run(db *bolt.DB, fn func(*bolt.DB) error) error {
 	if err := fn(db); err != nil {
 		if errors.Is(err, store.ErrConflict) {
 			return err
@@ -324,6 +370,28 @@ func (s *Store) with(ctx context.Context, readOnly bool, fn func(*bolt.DB) error
 		return fmt.Errorf("local store %s: %w", s.path, err)
 	}
 	return nil
+}
+
+// enter takes the in-process lock (sem) within the store's timeout or ctx's
+// deadline, whichever is first, and returns that deadline for the file lock.
+func (s *Store) enter(ctx context.Context) (time.Time, error) {
+	if err := ctx.Err(); err != nil {
+		return time.Time{}, err
+	}
+	deadline := time.Now().Add(s.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case s.sem <- struct{}{}:
+		return deadline, nil
+	case <-ctx.Done():
+		return time.Time{}, ctx.Err()
+	case <-timer.C:
+		return time.Time{}, fmt.Errorf("%w: local store %s: busy in this process for more than %s", store.ErrUnavailable, s.path, s.timeout)
+	}
 }
 
 // errLockTimeout marks a flock that was not obtained before the deadline.
@@ -372,34 +440,17 @@ func (s *Store) open(ctx context.Context, readOnly bool, deadline time.Time) (*b
 	}
 }
 
-// lockFile polls flock(how|LOCK_NB) until it succeeds, ctx ends or the
-// deadline passes.
+// lockFile waits for flock(how) on f until ctx ends or the deadline passes
+// (errLockTimeout). The wait is the kernel's (hostlock.Flock): the lock is
+// taken the moment its holder lets go.
 func lockFile(ctx context.Context, f *os.File, how int, deadline time.Time) error {
-	backoff := 100 * time.Microsecond
-	for {
-		err := unix.Flock(int(f.Fd()), how|unix.LOCK_NB)
-		if err == nil {
-			return nil
-		}
-		if !errors.Is(err, unix.EWOULDBLOCK) && !errors.Is(err, unix.EINTR) {
-			return fmt.Errorf("flock: %w", err)
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			return errLockTimeout
-		}
-		sleep := backoff/2 + rand.N(backoff/2+1)
-		if sleep > left {
-			sleep = left
-		}
-		time.Sleep(sleep)
-		if backoff < 10*time.Millisecond {
-			backoff *= 2
-		}
+	wait, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	err := hostlock.Flock(wait, f, how)
+	if err != nil && ctx.Err() == nil && wait.Err() != nil {
+		return errLockTimeout
 	}
+	return err
 }
 
 // encode stores a value as 8 bytes of revision followed by the value.

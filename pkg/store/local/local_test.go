@@ -298,3 +298,57 @@ func BenchmarkGet(b *testing.B) {
 		}
 	}
 }
+
+// Hold keeps the file open and locked for this Store's calls until the last
+// release; other processes (another Store on the same file) wait for it as
+// for one commit, and then see what was committed under the hold.
+func TestHold(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store.db")
+	ctx := context.Background()
+	s := newAt(t, path)
+	other, err := local.New(local.Config{Path: path, OpenTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No file yet: nothing to hold, and the first commit still creates it.
+	release, err := s.Hold(ctx)
+	if err != nil {
+		t.Fatalf("Hold before the file exists: %v", err)
+	}
+	if err := s.Commit(ctx, nil, []store.Op{store.Put("k", []byte("v1"))}); err != nil {
+		t.Fatal(err)
+	}
+	release()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("first commit under an empty hold: %v", err)
+	}
+
+	outer, err := s.Hold(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := s.Hold(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvs, err := s.Get(ctx, "k")
+	if err != nil || string(kvs[0].Value) != "v1" {
+		t.Fatalf("Get under the hold: %v %v", kvs, err)
+	}
+	if err := s.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put("k", []byte("v2"))}); err != nil {
+		t.Fatalf("Commit under the hold: %v", err)
+	}
+	if _, err := other.Get(ctx, "k"); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("another Store's Get while held: %v, want ErrUnavailable", err)
+	}
+	inner()
+	inner() // a second call of one release does nothing
+	if _, err := other.Get(ctx, "k"); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("another Store's Get while the outer hold remains: %v, want ErrUnavailable", err)
+	}
+	outer()
+	kvs, err = other.Get(ctx, "k")
+	if err != nil || string(kvs[0].Value) != "v2" {
+		t.Fatalf("another Store's Get after the last release: %v %v, want v2", kvs, err)
+	}
+}
