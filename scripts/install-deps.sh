@@ -20,10 +20,8 @@ die() { log "error: $*"; exit 1; }
 PACKAGES=(etcd-server etcd-client docker.io nftables iptables iproute2 iputils-ping netcat-openbsd conntrack chromium podman
 	make gcc libc6-dev ca-certificates)
 # containerd and runc come with docker.io; named because integration/cri runs
-# containerd (CRI) itself, with util-linux's unshare and nsenter (and mount,
-# losetup); e2fsprogs' mkfs.ext4 gives the IPAM benchmark a filesystem per
-# plugin.
-PACKAGES+=(containerd runc util-linux e2fsprogs)
+# containerd (CRI) itself, with util-linux's unshare and nsenter (and mount).
+PACKAGES+=(containerd runc util-linux)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

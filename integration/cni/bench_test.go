@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/invoke"
+	"golang.org/x/sys/unix"
 
 	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
@@ -40,13 +41,15 @@ type ipamVariant struct {
 
 func variants(b *testing.B) []ipamVariant {
 	return []ipamVariant{
-		// host-local's data dir and the local store's file each on a
-		// filesystem of its own (see ownFilesystem).
+		// host-local's data directory and the local store's file on the
+		// machine's disk, where a node keeps /var/lib/cni and
+		// /var/lib/ringipam (measureIPAMAdd syncs the filesystem before
+		// every timed call, so that neither pays for the other's writes).
 		{"host-local", cnitest.RefBin(b, "host-local"), func(b *testing.B) map[string]any {
-			return map[string]any{"type": "host-local", "dataDir": filepath.Join(ownFilesystem(b), "host-local")}
+			return map[string]any{"type": "host-local", "dataDir": filepath.Join(b.TempDir(), "host-local")}
 		}},
 		{"ipam-ring/local", cnitest.IPAMBin, func(b *testing.B) map[string]any {
-			st := map[string]any{"type": "local", "path": filepath.Join(ownFilesystem(b), "ringipam.db")}
+			st := map[string]any{"type": "local", "path": filepath.Join(b.TempDir(), "ringipam.db")}
 			return map[string]any{"type": "ipam-ring", "host": "bench", "store": st}
 		}},
 		// etcd reached by the plugin itself (no agent on the host), and
@@ -66,43 +69,6 @@ func variants(b *testing.B) []ipamVariant {
 			return benchEtcd(b, testenv.StartEtcdOnDisk(b), true)
 		}},
 	}
-}
-
-// ownFilesystem makes a fresh ext4 filesystem on the machine's disk (a
-// 512 MiB image file under the benchmark's temporary directory, mounted
-// through a loop device) and returns where it is mounted; it is unmounted
-// when the benchmark ends. The plugins measured side by side each keep
-// their files on one of their own: on a shared ext4 filesystem the local
-// store's fsync commits the journal holding host-local's file creations
-// and removals too (host-local itself never syncs), so each plugin's
-// time would depend on the other's work, which no node sees (one IPAM per
-// network).
-func ownFilesystem(b *testing.B) string {
-	b.Helper()
-	dir := b.TempDir()
-	img, mnt := filepath.Join(dir, "fs.img"), filepath.Join(dir, "mnt")
-	if err := os.Mkdir(mnt, 0o700); err != nil {
-		b.Fatal(err)
-	}
-	f, err := os.Create(img)
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := f.Truncate(512 << 20); err != nil {
-		b.Fatal(err)
-	}
-	f.Close()
-	run := func(name string, args ...string) {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if out, err := exec.CommandContext(ctx, name, args...).CombinedOutput(); err != nil {
-			b.Fatalf("%s %v: %v\n%s", name, args, err, out)
-		}
-	}
-	run("mkfs.ext4", "-q", "-F", img)
-	run("mount", "-o", "loop", img, mnt)
-	b.Cleanup(func() { run("umount", mnt) })
-	return mnt
 }
 
 // benchEtcd is ipam-ring's "ipam" object on etcd e: straight to etcd, or
@@ -368,6 +334,14 @@ type ipamAddRow struct {
 const localBesideEtcd = "ipam-ring/local, etcd running"
 
 // measureIPAMAdd measures the variants vs at every live count.
+// quietDisk writes every dirty page of the machine back (sync(2)) before a
+// timed call, so that the call's own flushes (the local store syncs each
+// commit; host-local never syncs) carry only its own writes, not what the
+// plugin measured before it left in the page cache and the journal. On a
+// node one IPAM plugin runs, and ADDs seconds apart find the filesystem as
+// quiet as this.
+func quietDisk() { unix.Sync() }
+
 func measureIPAMAdd(b *testing.B, vs []ipamVariant) []ipamAddRow {
 	var rows []ipamAddRow
 	// Every variant is set up first; then, at each live count, all
@@ -400,6 +374,7 @@ func measureIPAMAdd(b *testing.B, vs []ipamVariant) []ipamAddRow {
 		lat := make([][]time.Duration, len(set))
 		for _, id := range ids(fmt.Sprintf("s%d", size), serialSample) {
 			for j, v := range set {
+				quietDisk()
 				d, err := execIPAMBin(v.bin, v.conf, "ADD", id)
 				if err != nil {
 					b.Fatalf("%s: %v", v.name, err)
@@ -412,6 +387,7 @@ func measureIPAMAdd(b *testing.B, vs []ipamVariant) []ipamAddRow {
 		}
 		for j, v := range set {
 			burst := ids(fmt.Sprintf("p%d", size), parallelSample)
+			quietDisk()
 			_, wall, err := parallelDo(v.bin, v.conf, "ADD", burst, 8)
 			if err != nil {
 				b.Fatalf("%s: %v", v.name, err)
