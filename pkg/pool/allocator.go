@@ -133,27 +133,25 @@ func (a *Allocator) lockPools(ctx context.Context, pools []string) (func(), erro
 	if err != nil {
 		return nil, err
 	}
-	names := slices.Clone(pools)
-	slices.Sort(names)
-	names = slices.Compact(names)
 	releases := []func(){unlock}
 	undo := func() {
 		for i := len(releases) - 1; i >= 0; i-- {
 			releases[i]()
 		}
 	}
-	for _, n := range names {
-		if a.hostLk == nil {
-			break
+	if a.hostLk != nil {
+		names := slices.Clone(pools)
+		slices.Sort(names)
+		for _, n := range slices.Compact(names) {
+			// One lock per (pool, host): hosts simulated on one machine, or
+			// a lock directory shared by mistake, never serialise each other.
+			release, err := a.hostLk.Lock(ctx, n+"@"+a.host)
+			if err != nil {
+				undo()
+				return nil, fmt.Errorf("%w: host lock for pool %s: %w", ErrTryAgain, n, err)
+			}
+			releases = append(releases, release)
 		}
-		// One lock per (pool, host): hosts simulated on one machine, or a
-		// lock directory shared by mistake, never serialise each other.
-		release, err := a.hostLk.Lock(ctx, n+"@"+a.host)
-		if err != nil {
-			undo()
-			return nil, fmt.Errorf("%w: host lock for pool %s: %w", ErrTryAgain, n, err)
-		}
-		releases = append(releases, release)
 	}
 	if h, ok := a.st.(storeHolder); ok {
 		release, err := h.Hold(ctx)

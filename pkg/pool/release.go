@@ -63,10 +63,17 @@ func (a *Allocator) ReleaseWith(ctx context.Context, owner Owner, hint ReleaseHi
 	// and pools it names beyond the hint are locked once it is known.
 	unlock := func() {}
 	defer func() { unlock() }()
+	lock := func(pools []string) error {
+		unlock()
+		unlock = func() {}
+		u, err := a.lockPools(ctx, pools)
+		if err == nil {
+			unlock = u
+		}
+		return err
+	}
 	if len(hinted) > 0 {
-		var err error
-		if unlock, err = a.lockPools(ctx, hinted); err != nil {
-			unlock = func() {}
+		if err := lock(hinted); err != nil {
 			return Allocation{}, false, err
 		}
 	}
@@ -89,13 +96,9 @@ func (a *Allocator) ReleaseWith(ctx context.Context, owner Owner, hint ReleaseHi
 		}
 	}
 	if len(pools) > len(hinted) {
-		unlock()
-		unlock = func() {}
-		relock, err := a.lockPools(ctx, pools)
-		if err != nil {
+		if err := lock(pools); err != nil {
 			return Allocation{}, false, err
 		}
-		unlock = relock
 	}
 	// The first attempt commits against what was read above (the commit is
 	// conditioned on it, so a change while waiting for the lock is a

@@ -26,6 +26,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ringipam/ringipam/pkg/store/internal/connctx"
 )
 
 // maxAnswer bounds one answer's body.
@@ -212,15 +214,10 @@ func (h *httpClient) closeIdle() {
 // exchange writes req on c and reads one answer. reusable reports that the
 // connection may carry another request.
 func (h *httpClient) exchange(ctx context.Context, c *wireConn, req []byte) (status int, body []byte, reusable bool, err error) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Time{}
-	}
-	if err := c.SetDeadline(deadline); err != nil {
+	stop, err := connctx.Bind(ctx, c)
+	if err != nil {
 		return 0, nil, false, fmt.Errorf("%w: %w", errNotSent, err)
 	}
-	// A cancelled context ends a blocked write or read at once.
-	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	n, err := c.Write(req)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/internal/connctx"
 )
 
 // dialTimeout bounds the connection to the agent and its hello: a local
@@ -217,12 +218,10 @@ func (c *Client) exchange(ctx context.Context, req *request) (kvs []store.KV, ca
 	conn := c.conn
 	if d, ok := ctx.Deadline(); ok {
 		req.TimeoutMS = max(1, time.Until(d).Milliseconds())
-		_ = conn.SetDeadline(d)
-	} else {
-		_ = conn.SetDeadline(time.Time{})
 	}
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	if stop, err := connctx.Bind(ctx, conn); err == nil {
+		defer stop()
+	}
 	b, err := json.Marshal(req)
 	if err != nil {
 		return nil, err, nil
