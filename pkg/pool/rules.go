@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/netip"
+	"slices"
 
 	"github.com/ringipam/ringipam/pkg/store"
 )
@@ -43,16 +44,17 @@ func DefaultGateway(subnet netip.Prefix) (netip.Addr, bool) {
 
 // Equal reports whether d and o are the same definition once normalized
 // (the comparison the store applies when a host gives a pool that is
-// already recorded).
+// already recorded): field by field, which is what comparing their stored
+// JSON would say (every field is recorded; netip values encode one way),
+// without encoding either.
 func (d Def) Equal(o Def) bool {
 	a, errA := d.Normalize()
 	b, errB := o.Normalize()
 	if errA != nil || errB != nil {
 		return false
 	}
-	x, _ := json.Marshal(a)
-	y, _ := json.Marshal(b)
-	return string(x) == string(y)
+	return a.Name == b.Name && a.Isolated == b.Isolated &&
+		slices.Equal(a.Ranges, b.Ranges) && slices.Equal(a.Exclude, b.Exclude)
 }
 
 // CheckDefinition returns nil when given is the recorded definition, else
