@@ -44,7 +44,7 @@ func (d Dir) Lock(ctx context.Context, name string) (func(), error) {
 		return nil, fmt.Errorf("hostlock: %w", err)
 	}
 	path := filepath.Join(string(d), name+".lock")
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	f, err := OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("hostlock: %w", err)
 	}
@@ -59,6 +59,25 @@ func (d Dir) Lock(ctx context.Context, name string) (func(), error) {
 		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
 		_ = f.Close()
 	}, nil
+}
+
+// OpenFile opens name like os.OpenFile, for a file to be locked with Flock
+// and read or written in place: a plain descriptor whose calls block in the
+// kernel, never seen by the Go runtime's poller. A regular file cannot be
+// polled anyway; os.OpenFile still tries (setting the poller up on its first
+// use in a process, then a refused registration and two flag changes per
+// file), a dozen system calls that a short-lived plugin pays for nothing.
+func OpenFile(name string, flag int, perm os.FileMode) (*os.File, error) {
+	for {
+		fd, err := unix.Open(name, flag|unix.O_CLOEXEC, uint32(perm.Perm()))
+		switch {
+		case err == unix.EINTR:
+			continue
+		case err != nil:
+			return nil, &os.PathError{Op: "open", Path: name, Err: err}
+		}
+		return os.NewFile(uintptr(fd), name), nil
+	}
 }
 
 // Flock takes the flock(2) lock how (unix.LOCK_EX or unix.LOCK_SH) on f,

@@ -139,3 +139,34 @@ func TestFlockSharedAndExclusive(t *testing.T) {
 		t.Fatalf("exclusive lock once the shared ones are gone: %v", err)
 	}
 }
+
+// OpenFile opens like os.OpenFile (created with the mode asked, errors
+// that errors.Is sees as os.ErrNotExist), close-on-exec, and the file
+// reads and writes in place.
+func TestOpenFile(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := OpenFile(filepath.Join(dir, "missing"), os.O_RDWR, 0); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("opening a missing file: %v, want os.ErrNotExist", err)
+	}
+	path := filepath.Join(dir, "f")
+	f, err := OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := os.Stat(path)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("created file: %v %v, want mode 0600", st.Mode(), err)
+	}
+	flags, err := unix.FcntlInt(f.Fd(), unix.F_GETFD, 0)
+	if err != nil || flags&unix.FD_CLOEXEC == 0 {
+		t.Fatalf("descriptor flags %#x (%v): not close-on-exec", flags, err)
+	}
+	if _, err := f.WriteAt([]byte("ringipam"), 4); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 8)
+	if _, err := f.ReadAt(got, 4); err != nil || string(got) != "ringipam" {
+		t.Fatalf("read back %q (%v)", got, err)
+	}
+}

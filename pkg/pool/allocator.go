@@ -126,8 +126,11 @@ func (a *Allocator) run(ctx context.Context, op func(attempt int) error) error {
 }
 
 // lockPools serialises this host's work on pools: in-process first, then
-// across processes when a HostLocker is set (names in sorted order), and
-// last holds the store open when it can (storeHolder).
+// across processes. A store that can be held (storeHolder: the local
+// store, whose file lock excludes every other process from the hold to
+// the commit) is held, and that is the whole cross-process lock: a host
+// lock on top would only cost its file. Any other store takes the
+// HostLocker's locks, when one is set (names in sorted order).
 func (a *Allocator) lockPools(ctx context.Context, pools []string) (func(), error) {
 	unlock, err := a.locks.lock(ctx, pools...)
 	if err != nil {
@@ -139,7 +142,8 @@ func (a *Allocator) lockPools(ctx context.Context, pools []string) (func(), erro
 			releases[i]()
 		}
 	}
-	if a.hostLk != nil {
+	holder, holdable := a.st.(storeHolder)
+	if a.hostLk != nil && !holdable {
 		names := slices.Clone(pools)
 		slices.Sort(names)
 		for _, n := range slices.Compact(names) {
@@ -153,8 +157,8 @@ func (a *Allocator) lockPools(ctx context.Context, pools []string) (func(), erro
 			releases = append(releases, release)
 		}
 	}
-	if h, ok := a.st.(storeHolder); ok {
-		release, err := h.Hold(ctx)
+	if holdable {
+		release, err := holder.Hold(ctx)
 		if err != nil {
 			undo()
 			return nil, fmt.Errorf("holding the store: %w", err)

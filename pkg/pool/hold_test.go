@@ -82,3 +82,52 @@ func TestAllocateAndReleaseHoldTheStore(t *testing.T) {
 		t.Fatalf("after a refused allocation: %v %v %v, want nothing held", got, ok, err)
 	}
 }
+
+// countingLocker is a HostLocker that counts the locks taken.
+type countingLocker struct{ locks []string }
+
+func (l *countingLocker) Lock(_ context.Context, name string) (func(), error) {
+	l.locks = append(l.locks, name)
+	return func() {}, nil
+}
+
+// A store that can be held is the cross-process lock itself: no host lock
+// is taken on top of the hold. Any other store takes the host lock of each
+// pool.
+func TestHostLockOnlyForStoresThatCannotBeHeld(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		st        store.Store
+		wantLocks int
+	}{
+		{"holdable", &holdingStore{Store: memory.New()}, 0},
+		{"not holdable", memory.New(), 2}, // the allocation's and the release's
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lk := &countingLocker{}
+			a, err := New(tc.st, "h1", WithHostLock(lk))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Define(ctx, v4Def("p", "198.18.0.0/29")); err != nil {
+				t.Fatal(err)
+			}
+			lk.locks = nil
+			if _, err := a.Allocate(ctx, Request{Owner: own("c1"), Wants: ipWant("p")}); err != nil {
+				t.Fatal(err)
+			}
+			if _, ok, err := a.ReleaseWith(ctx, own("c1"), ReleaseHint{Pools: []string{"p"}}); err != nil || !ok {
+				t.Fatalf("release: %v %v", ok, err)
+			}
+			if len(lk.locks) != tc.wantLocks {
+				t.Fatalf("host locks taken: %v, want %d", lk.locks, tc.wantLocks)
+			}
+			for _, n := range lk.locks {
+				if n != "p@h1" {
+					t.Fatalf("host lock %q, want p@h1", n)
+				}
+			}
+		})
+	}
+}

@@ -397,14 +397,15 @@ func (s *Store) enter(ctx context.Context) (time.Time, error) {
 // errLockTimeout marks a flock that was not obtained before the deadline.
 var errLockTimeout = errors.New("lock timeout")
 
-// open opens the bbolt file. The flock is taken by our own OpenFile hook,
-// which polls with a short, growing back-off (bbolt's own loop sleeps 50 ms
-// between attempts, which would idle the file under contention); bbolt's
-// flock on the same descriptor then succeeds at once.
+// open opens the bbolt file. Our own OpenFile hook opens it without the
+// runtime's poller (hostlock.OpenFile) and takes the flock, waiting in the
+// kernel until the deadline (bbolt's own loop sleeps 50 ms between
+// attempts, which would idle the file under contention); bbolt's flock on
+// the same descriptor then succeeds at once.
 func (s *Store) open(ctx context.Context, readOnly bool, deadline time.Time) (*bolt.DB, error) {
 	locked := false
 	openFile := func(name string, flag int, mode os.FileMode) (*os.File, error) {
-		f, err := os.OpenFile(name, flag, mode)
+		f, err := hostlock.OpenFile(name, flag, mode)
 		if err != nil || locked {
 			return f, err
 		}
