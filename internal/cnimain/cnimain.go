@@ -5,15 +5,13 @@
 // Contract: Run never returns. A configuration larger than MaxStdin bytes is
 // refused with CNI error code 7 ("invalid network config") after reading at
 // most MaxStdin+1 bytes, so a runaway or hostile caller cannot make the
-// plugin hold more than that in memory. The plugin's goroutines run on one
-// processor (GOMAXPROCS 1): a plugin process makes one call, step by step.
+// plugin hold more than that in memory.
 package cnimain
 
 import (
 	"fmt"
 	"io"
 	"os"
-	"runtime"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -26,10 +24,8 @@ import (
 // would strain a node.
 const MaxStdin = 4 << 20
 
-// Run bounds stdin and runs the plugin's verbs through skel, on one
-// processor (singleProcessor).
+// Run bounds stdin and runs the plugin's verbs through skel.
 func Run(funcs skel.CNIFuncs, versions version.PluginInfo, about string) {
-	singleProcessor()
 	if err := limitStdin(MaxStdin); err != nil {
 		e := types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
 		_ = e.Print()
@@ -37,17 +33,6 @@ func Run(funcs skel.CNIFuncs, versions version.PluginInfo, about string) {
 	}
 	skel.PluginMainFuncs(funcs, versions, about)
 }
-
-// singleProcessor runs the plugin's goroutines on one processor
-// (GOMAXPROCS 1). A plugin process does one CNI call, one step after the
-// other: a second processor buys it nothing, while the runtime, seeing an
-// idle one, starts and wakes threads to look for work whenever a goroutine
-// is created or readied (its own background workers, a lock waiter, a
-// connection's I/O). On this project's 2-core CI machine that cost about
-// 0.3 ms of a 4 ms ADD and a fifth of the 8-way throughput
-// (docs/benchmarks.md). Blocking system calls still run beside the
-// goroutines: the runtime hands the processor on while one blocks.
-func singleProcessor() { runtime.GOMAXPROCS(1) }
 
 // limitStdin reads stdin up to max bytes and puts what it read back as
 // os.Stdin, or fails when there is more. The bytes are put back in an
