@@ -5,8 +5,9 @@
 // host would otherwise all compute the same next address and conflict in the
 // store; queueing them on a lock file is cheaper than retrying. A lock is
 // held by an open file description, so it also serialises goroutines of one
-// process that each call Lock. Locks vanish when the holder exits, so a
-// crashed process never leaves a stale lock behind.
+// process that each call Lock. Locks vanish when the holder exits (with
+// LockWithChildren: once the children it started meanwhile have exited
+// too), so a crashed process never leaves a stale lock behind.
 //
 // The zero Dir is not usable; an empty directory name is an error.
 package hostlock
@@ -34,6 +35,22 @@ const DefaultDir Dir = "/run/ringipam/locks"
 // Lock takes the exclusive lock called name, waiting until ctx ends, and
 // returns the function that releases it.
 func (d Dir) Lock(ctx context.Context, name string) (func(), error) {
+	return d.lock(ctx, name, true)
+}
+
+// LockWithChildren is Lock for work that child processes finish: the lock
+// file's descriptor is inherited by every process the caller starts while
+// it holds the lock, so that if the caller is killed (a runtime's timeout)
+// the lock stays held until those children have exited too. The next
+// holder then finds their work done, not under way (portmap-ingress: a
+// killed ADD's nft transaction lands before the DEL that follows it, not
+// after). Meant for short-lived processes that start no other children
+// meanwhile; the release function ends the lock for the children too.
+func (d Dir) LockWithChildren(ctx context.Context, name string) (func(), error) {
+	return d.lock(ctx, name, false)
+}
+
+func (d Dir) lock(ctx context.Context, name string, closeOnExec bool) (func(), error) {
 	if d == "" {
 		return nil, errors.New("hostlock: no lock directory")
 	}
@@ -44,7 +61,11 @@ func (d Dir) Lock(ctx context.Context, name string) (func(), error) {
 		return nil, fmt.Errorf("hostlock: %w", err)
 	}
 	path := filepath.Join(string(d), name+".lock")
-	f, err := OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	flag := os.O_RDWR | os.O_CREATE
+	if closeOnExec {
+		flag |= unix.O_CLOEXEC
+	}
+	f, err := openFile(path, flag, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("hostlock: %w", err)
 	}
@@ -68,8 +89,14 @@ func (d Dir) Lock(ctx context.Context, name string) (func(), error) {
 // use in a process, then a refused registration and two flag changes per
 // file), a dozen system calls that a short-lived plugin pays for nothing.
 func OpenFile(name string, flag int, perm os.FileMode) (*os.File, error) {
+	return openFile(name, flag|unix.O_CLOEXEC, perm)
+}
+
+// openFile is OpenFile with the flags as given (close-on-exec only when
+// flag says so).
+func openFile(name string, flag int, perm os.FileMode) (*os.File, error) {
 	for {
-		fd, err := unix.Open(name, flag|unix.O_CLOEXEC, uint32(perm.Perm()))
+		fd, err := unix.Open(name, flag, uint32(perm.Perm()))
 		switch {
 		case err == unix.EINTR:
 			continue

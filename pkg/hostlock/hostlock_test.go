@@ -1,10 +1,15 @@
 package hostlock
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -168,5 +173,90 @@ func TestOpenFile(t *testing.T) {
 	got := make([]byte, 8)
 	if _, err := f.ReadAt(got, 4); err != nil || string(got) != "ringipam" {
 		t.Fatalf("read back %q (%v)", got, err)
+	}
+}
+
+// The holder side of TestLockWithChildrenOutlivesAKilledHolder, run in a
+// process of its own: take the lock "x" in the directory given, start a
+// child that sleeps, print the child's pid, and wait to be killed.
+func holdLockAndStartChild(dir string, withChildren bool) {
+	lock := Dir(dir).Lock
+	if withChildren {
+		lock = Dir(dir).LockWithChildren
+	}
+	if _, err := lock(context.Background(), "x"); err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		fmt.Println("error", err)
+		os.Exit(1)
+	}
+	fmt.Println(child.Process.Pid)
+	time.Sleep(time.Minute)
+	os.Exit(0)
+}
+
+// A holder killed while a child it started runs: with LockWithChildren the
+// lock stays held until the child exits; with Lock it goes with the holder.
+func TestLockWithChildrenOutlivesAKilledHolder(t *testing.T) {
+	if dir := os.Getenv("HOSTLOCK_TEST_HOLDER_DIR"); dir != "" {
+		holdLockAndStartChild(dir, os.Getenv("HOSTLOCK_TEST_WITH_CHILDREN") == "1")
+		return
+	}
+	for _, withChildren := range []bool{true, false} {
+		t.Run(fmt.Sprintf("withChildren=%v", withChildren), func(t *testing.T) {
+			dir := t.TempDir()
+			holder := exec.Command(os.Args[0], "-test.run=^TestLockWithChildrenOutlivesAKilledHolder$")
+			holder.Env = append(os.Environ(), "HOSTLOCK_TEST_HOLDER_DIR="+dir, fmt.Sprintf("HOSTLOCK_TEST_WITH_CHILDREN=%d", map[bool]int{true: 1}[withChildren]))
+			out, err := holder.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := holder.Start(); err != nil {
+				t.Fatal(err)
+			}
+			line, err := bufio.NewReader(out).ReadString('\n')
+			pid, perr := strconv.Atoi(strings.TrimSpace(line))
+			if err != nil || perr != nil {
+				holder.Process.Kill()
+				holder.Wait()
+				t.Fatalf("holder said %q (%v, %v)", line, err, perr)
+			}
+			child, _ := os.FindProcess(pid)
+			defer child.Kill()
+			if err := holder.Process.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			holder.Wait()
+
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			release, err := Dir(dir).Lock(ctx, "x")
+			cancel()
+			switch {
+			case withChildren && err == nil:
+				release()
+				t.Fatal("the lock was free with the holder's child still running")
+			case withChildren && !errors.Is(err, ErrTimeout):
+				t.Fatalf("lock while the child runs: %v, want ErrTimeout", err)
+			case !withChildren && err != nil:
+				t.Fatalf("Lock's lock outlived its killed holder: %v", err)
+			case !withChildren:
+				release()
+				return
+			}
+			// Once the child is gone, so is the lock.
+			if err := child.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			release, err = Dir(dir).Lock(ctx, "x")
+			if err != nil {
+				t.Fatalf("lock after the child was killed: %v", err)
+			}
+			release()
+		})
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/retry"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -41,6 +42,27 @@ type Edge struct {
 	// Stdout receives ADD results; nil means os.Stdout. Stderr receives
 	// the log of chosen ports and findings; nil means os.Stderr.
 	Stdout, Stderr io.Writer
+	// Locks is where the attachments' locks are kept (lockAttachment);
+	// empty means hostlock.DefaultDir.
+	Locks hostlock.Dir
+}
+
+// lockAttachment takes the lock of attachment id for an ADD or a DEL, with
+// hostlock.LockWithChildren: the nft (or iptables) process an ADD starts
+// keeps it. A runtime that kills an ADD on its timeout and then sends the
+// DEL would otherwise race the killed ADD's nft, still running: its rules
+// could land after the DEL removed the attachment's, forwarding a released
+// port. The DEL waits for that nft instead (within its deadline).
+func (e Edge) lockAttachment(ctx context.Context, id portalloc.EndpointID) (func(), error) {
+	dir := e.Locks
+	if dir == "" {
+		dir = hostlock.DefaultDir
+	}
+	release, err := dir.LockWithChildren(ctx, "portmap-"+shortHash(id.String(), 32))
+	if err != nil {
+		return nil, fmt.Errorf("attachment %s: %w", id, err)
+	}
+	return release, nil
 }
 
 // Funcs returns the skel callbacks of the five verbs.
@@ -138,6 +160,11 @@ func (e Edge) Add(args *skel.CmdArgs) error {
 			if err := needDataplane(o); err != nil {
 				return err
 			}
+			unlock, err := e.lockAttachment(ctx, id)
+			if err != nil {
+				return err
+			}
+			defer unlock()
 			pub, err = Add(ctx, o.Ports, o.Dataplane, c, id)
 			if err != nil {
 				return err
@@ -239,7 +266,13 @@ func (e Edge) Del(args *skel.CmdArgs) error {
 		return wire(err)
 	}
 	return wire(e.run(c, func(ctx context.Context, o Opened) error {
-		return Del(ctx, o.Ports, o.Dataplane, attachment(c, args))
+		id := attachment(c, args)
+		unlock, err := e.lockAttachment(ctx, id)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		return Del(ctx, o.Ports, o.Dataplane, id)
 	}))
 }
 

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -16,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
@@ -61,10 +64,14 @@ type world struct {
 	log bytes.Buffer
 }
 
+// testLocks keeps the attachments' locks of the tests out of the host's
+// directory.
+var testLocks = hostlock.Dir(filepath.Join(os.TempDir(), "ringipam-portmap-test-locks"))
+
 func newWorld(st store.Store) *world { return &world{st: st, dp: newFake()} }
 
 func (w *world) edge() Edge {
-	return Edge{Stdout: &w.out, Stderr: &w.log, Open: func(_ context.Context, c *Config) (Opened, error) {
+	return Edge{Stdout: &w.out, Stderr: &w.log, Locks: testLocks, Open: func(_ context.Context, c *Config) (Opened, error) {
 		a, err := portalloc.New(w.st, c.Host, portalloc.WithDynamicRange(c.Lo, c.Hi))
 		if err != nil {
 			return Opened{}, err
@@ -388,5 +395,43 @@ func TestDeadlineInTheDataPathIsTryAgainLater(t *testing.T) {
 	// Nothing stays published: the ports were released again.
 	if err := w.edge().Add(args("c2", conf("h1", `{"hostPort":8080,"containerPort":80}`, ""))); err != nil {
 		t.Fatalf("8080 after the failed ADD: %v", err)
+	}
+}
+
+// ADD and DEL of one attachment hold its lock (Edge.lockAttachment): while
+// it is held elsewhere (a killed ADD's nft still running) a DEL waits, and
+// fails with code 11 at its deadline, its ports still published; once the
+// lock is free the DEL goes through.
+func TestAddAndDelWaitForTheAttachmentLock(t *testing.T) {
+	w := newWorld(memory.New())
+	e := w.edge()
+	e.Locks = hostlock.Dir(t.TempDir())
+	stdin := conf("h1", `{"hostPort":8080,"containerPort":80}`, `,"timeout":"300ms"`)
+	if err := e.Add(args("c1", stdin)); err != nil {
+		t.Fatal(err)
+	}
+	id := portalloc.EndpointID{Network: "web", ContainerID: "c1", IfName: "eth0"}
+	release, err := e.lockAttachment(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Del(args("c1", stdin)); code(err) != 11 {
+		release()
+		t.Fatalf("DEL while the attachment is locked: %v (code %d), want code 11", err, code(err))
+	}
+	if err := e.Add(args("c2", stdin)); code(err) != CodeInUse {
+		release()
+		t.Fatalf("8080 after the DEL that waited: %v (code %d), want %d: still c1's", err, code(err), CodeInUse)
+	}
+	if err := e.Add(args("c1", stdin)); code(err) != 11 {
+		release()
+		t.Fatalf("ADD while the attachment is locked: %v (code %d), want code 11", err, code(err))
+	}
+	release()
+	if err := e.Del(args("c1", stdin)); err != nil {
+		t.Fatalf("DEL once the lock is free: %v", err)
+	}
+	if err := e.Add(args("c2", stdin)); err != nil {
+		t.Fatalf("8080 after c1's DEL: %v", err)
 	}
 }
