@@ -621,3 +621,39 @@ func TestGCCompactsHistory(t *testing.T) {
 		t.Fatalf("gc after gc: %+v %v", again, err)
 	}
 }
+
+// check audits the published ports too: a port whose endpoint record is
+// gone (nothing will release it) is a finding, exit 1.
+func TestCheckAuditsPublishedPorts(t *testing.T) {
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "store.db")
+	st, err := storeconfig.Open(storeconfig.Config{Path: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pa, err := portalloc.New(st, "node-x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := portalloc.EndpointID{Network: "net", ContainerID: "web", IfName: "eth0"}
+	if _, err := pa.Allocate(ctx, web, []portalloc.Port{{Mode: portalloc.Ingress, Protocol: "tcp", Number: 8080}}); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	env := Env{Stdout: &out, Stderr: &errb, Getenv: func(k string) string {
+		return map[string]string{"RINGIPAM_STORE_PATH": path, "RINGIPAM_HOST": "node-x"}[k]
+	}, ReadFile: os.ReadFile, Now: time.Now}
+	if code := Main([]string{"check"}, env); code != ExitOK {
+		t.Fatalf("check with one port published: %d\n%s%s", code, out.String(), errb.String())
+	}
+	// The endpoint's record lost, its address still held.
+	if err := st.Commit(ctx, nil, []store.Op{store.Delete("p/e/net/web/eth0")}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	out.Reset()
+	want := "ports: tcp/8080 is held in ingress mode by port/net/web/eth0, whose record" // wrapped after
+	if code := Main([]string{"check"}, env); code != ExitFindings || !strings.Contains(out.String(), want) {
+		t.Fatalf("check with a leaked port: exit %d, want %d and %q in\n%s%s", code, ExitFindings, want, out.String(), errb.String())
+	}
+}
