@@ -136,32 +136,32 @@ func (a *Allocator) lockPools(ctx context.Context, pools []string) (func(), erro
 	if err != nil {
 		return nil, err
 	}
+	if holder, ok := a.st.(storeHolder); ok {
+		release, err := holder.Hold(ctx)
+		if err != nil {
+			unlock()
+			return nil, fmt.Errorf("holding the store: %w", err)
+		}
+		return func() { release(); unlock() }, nil
+	}
+	if a.hostLk == nil {
+		return unlock, nil
+	}
 	releases := []func(){unlock}
 	undo := func() {
 		for i := len(releases) - 1; i >= 0; i-- {
 			releases[i]()
 		}
 	}
-	holder, holdable := a.st.(storeHolder)
-	if a.hostLk != nil && !holdable {
-		names := slices.Clone(pools)
-		slices.Sort(names)
-		for _, n := range slices.Compact(names) {
-			// One lock per (pool, host): hosts simulated on one machine, or
-			// a lock directory shared by mistake, never serialise each other.
-			release, err := a.hostLk.Lock(ctx, n+"@"+a.host)
-			if err != nil {
-				undo()
-				return nil, fmt.Errorf("%w: host lock for pool %s: %w", ErrTryAgain, n, err)
-			}
-			releases = append(releases, release)
-		}
-	}
-	if holdable {
-		release, err := holder.Hold(ctx)
+	names := slices.Clone(pools)
+	slices.Sort(names)
+	for _, n := range slices.Compact(names) {
+		// One lock per (pool, host): hosts simulated on one machine, or a
+		// lock directory shared by mistake, never serialise each other.
+		release, err := a.hostLk.Lock(ctx, n+"@"+a.host)
 		if err != nil {
 			undo()
-			return nil, fmt.Errorf("holding the store: %w", err)
+			return nil, fmt.Errorf("%w: host lock for pool %s: %w", ErrTryAgain, n, err)
 		}
 		releases = append(releases, release)
 	}

@@ -267,17 +267,11 @@ func (a *Allocator) List(ctx context.Context) ([]Published, error) {
 	}
 	out := make([]Published, 0, len(kvs))
 	for _, kv := range kvs {
-		var p Published
-		rest := strings.TrimPrefix(kv.Key, prefixAddr)
-		i := strings.IndexByte(rest, '/')
-		if i < 0 {
+		addr, ok := addressOfKey(kv.Key)
+		if !ok {
 			continue
 		}
-		var n int
-		if _, err := fmt.Sscanf(rest[i+1:], "%d", &n); err != nil {
-			continue
-		}
-		p.Address = Address{Protocol: rest[:i], Number: uint16(n)}
+		p := Published{Address: addr}
 		if err := json.Unmarshal(kv.Value, &p.State); err != nil {
 			return nil, fmt.Errorf("%s: corrupt: %w", kv.Key, err)
 		}

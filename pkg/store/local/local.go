@@ -291,10 +291,6 @@ func (s *Store) Hold(ctx context.Context) (release func(), err error) {
 
 // view runs fn in a read transaction under a shared file lock.
 func (s *Store) view(ctx context.Context, fn func(*bolt.Tx) error) error {
-	if _, err := os.Stat(s.path); errors.Is(err, os.ErrNotExist) {
-		// Nothing was ever committed: every key is absent. Still honour ctx.
-		return ctx.Err()
-	}
 	return s.with(ctx, true, func(db *bolt.DB) error { return db.View(fn) })
 }
 
@@ -335,7 +331,9 @@ func syncDir(dir string) error {
 }
 
 // with takes the in-process lock, opens the file (read-only with a shared
-// flock, or read-write with an exclusive one), runs fn and closes the file.
+// flock, or read-write with an exclusive one), runs fn and closes the file;
+// inside a Hold it runs fn on the held file. A read of a file that does not
+// exist yet runs nothing: nothing was ever committed, every key is absent.
 func (s *Store) with(ctx context.Context, readOnly bool, fn func(*bolt.DB) error) error {
 	deadline, err := s.enter(ctx)
 	if err != nil {
@@ -344,6 +342,9 @@ func (s *Store) with(ctx context.Context, readOnly bool, fn func(*bolt.DB) error
 	defer func() { <-s.sem }()
 	if s.held != nil {
 		return s.run(s.held, fn)
+	}
+	if _, err := os.Stat(s.path); readOnly && errors.Is(err, os.ErrNotExist) {
+		return ctx.Err()
 	}
 
 	db, err := s.open(ctx, readOnly, deadline)

@@ -65,6 +65,16 @@ func (e Edge) lockAttachment(ctx context.Context, id portalloc.EndpointID) (func
 	return release, nil
 }
 
+// locked runs fn holding attachment id's lock (lockAttachment).
+func (e Edge) locked(ctx context.Context, id portalloc.EndpointID, fn func() error) error {
+	unlock, err := e.lockAttachment(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return fn()
+}
+
 // Funcs returns the skel callbacks of the five verbs.
 func (e Edge) Funcs() skel.CNIFuncs {
 	return skel.CNIFuncs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
@@ -160,12 +170,10 @@ func (e Edge) Add(args *skel.CmdArgs) error {
 			if err := needDataplane(o); err != nil {
 				return err
 			}
-			unlock, err := e.lockAttachment(ctx, id)
-			if err != nil {
+			err := e.locked(ctx, id, func() (err error) {
+				pub, err = Add(ctx, o.Ports, o.Dataplane, c, id)
 				return err
-			}
-			defer unlock()
-			pub, err = Add(ctx, o.Ports, o.Dataplane, c, id)
+			})
 			if err != nil {
 				return err
 			}
@@ -267,12 +275,7 @@ func (e Edge) Del(args *skel.CmdArgs) error {
 	}
 	return wire(e.run(c, func(ctx context.Context, o Opened) error {
 		id := attachment(c, args)
-		unlock, err := e.lockAttachment(ctx, id)
-		if err != nil {
-			return err
-		}
-		defer unlock()
-		return Del(ctx, o.Ports, o.Dataplane, id)
+		return e.locked(ctx, id, func() error { return Del(ctx, o.Ports, o.Dataplane, id) })
 	}))
 }
 
