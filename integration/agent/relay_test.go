@@ -16,10 +16,10 @@ import (
 	"github.com/ringipam/ringipam/internal/testenv"
 )
 
-// The ipam-ring binary sends its store calls to the agent's socket when
-// the agent serves the cluster its config names (the agent counts them),
-// and reaches etcd itself when the agent is gone; a second agent does not
-// take over a served socket; a stopped agent removes it.
+// The ipam-ring binary sends its whole invocations to the agent's socket
+// when the agent serves the cluster its config names (the agent counts
+// them), and reaches etcd itself when the agent is gone; a second agent
+// does not take over a served socket; a stopped agent removes it.
 func TestPluginsReachEtcdThroughTheAgent(t *testing.T) {
 	c := newCluster(t)
 	const host = "relay-host"
@@ -32,8 +32,8 @@ func TestPluginsReachEtcdThroughTheAgent(t *testing.T) {
 		return err == nil, fmt.Sprint(err)
 	})
 	url := "http://" + listen
-	commits := func() float64 {
-		return metric(t, url, `ringipam_relayed_calls_total{op="commit",result="ok"}`)
+	adds := func() float64 {
+		return metric(t, url, `ringipam_relayed_calls_total{op="invoke-ADD",result="ok"}`)
 	}
 
 	st := c.storeObj("")
@@ -55,8 +55,8 @@ func TestPluginsReachEtcdThroughTheAgent(t *testing.T) {
 	for i := range 5 {
 		add(fmt.Sprintf("relay-%d", i))
 	}
-	if n := commits(); n < 5 {
-		t.Fatalf("the agent served %v commits for 5 ADDs", n)
+	if n := adds(); n != 5 {
+		t.Fatalf("the agent served %v of 5 ADDs", n)
 	}
 	if _, err := cnitest.ExecIPAM("DEL", conf, "relay-0", ""); err != nil {
 		t.Fatal(err)
@@ -69,15 +69,18 @@ func TestPluginsReachEtcdThroughTheAgent(t *testing.T) {
 
 	// Another cluster's plugin (another prefix) is refused by this agent
 	// and reaches its etcd itself: the agent serves nothing for it.
-	before := commits()
+	before := adds()
 	other := c.storeObj("")
 	other["prefix"] = c.prefix + "other/"
 	other["agentSocket"] = sock
 	if _, err := cnitest.ExecIPAM("ADD", ipamConf(t, "ag-relay-other", host, "198.18.45.0/24", other, nil), "relay-other", ""); err != nil {
 		t.Fatalf("ADD of another cluster's plugin: %v", err)
 	}
-	if n := commits(); n != before {
-		t.Fatalf("the agent served %v commits of another cluster", n-before)
+	if n := adds(); n != before {
+		t.Fatalf("the agent served %v ADDs of another cluster", n-before)
+	}
+	if body, _, err := httpGet(url + "/metrics"); err != nil || strings.Contains(body, `ringipam_relayed_calls_total{op="commit"`) {
+		t.Fatalf("the agent relayed store calls of the plugins (or its metrics failed: %v)", err)
 	}
 
 	// A second agent does not take the socket over.

@@ -22,6 +22,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store/relay"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
+	"github.com/ringipam/ringipam/plugins/ipam-ring/ipamring"
 )
 
 // ParseLevel maps a log level name to slog's level.
@@ -233,6 +234,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if relayL != nil {
 		srv := relay.NewServer(a.st, a.cfg.Store.Identity(),
 			func(msg string, args ...any) { a.log.Warn(msg, args...) })
+		// Whole ipam-ring invocations too: on etcd the plugin then makes
+		// one exchange with the agent instead of one per store call.
+		srv.Invoker = ipamring.AgentInvoker{Store: a.st, Config: a.cfg.Store}
 		srv.OnCall = func(op string, err error) {
 			result := "ok"
 			switch {
@@ -250,7 +254,7 @@ func (a *Agent) Run(ctx context.Context) error {
 				a.log.Error("store socket", "err", err)
 			}
 		}()
-		a.log.Info("serving the store to plugins", "socket", relayL.Addr().String())
+		a.log.Info("serving the store and ipam-ring invocations to plugins", "socket", relayL.Addr().String())
 	}
 	<-ctx.Done()
 	wg.Wait()

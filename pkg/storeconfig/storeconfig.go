@@ -117,10 +117,10 @@ type Config struct {
 	DialTimeout    Duration `json:"dialTimeout,omitempty"`    // default 5s
 	RequestTimeout Duration `json:"requestTimeout,omitempty"` // default 10s
 	// AgentSocket is the unix socket where the host agent (ringipamd)
-	// serves this etcd store to the plugins, the Docker driver and
-	// ringctl (package relay): the agent listens there, the others send
-	// their calls there when an agent of the same cluster answers, and
-	// reach etcd themselves when none does. Default
+	// serves this etcd store: the agent listens there; ipam-ring sends its
+	// whole invocations there (package relay, Invoke), the Docker driver
+	// and ringctl their store calls, when an agent of the same cluster
+	// answers, and each reaches etcd itself when none does. Default
 	// /run/ringipam/store.sock; "off": never.
 	AgentSocket string `json:"agentSocket,omitempty"`
 }
@@ -138,6 +138,30 @@ func (c Config) Socket() string {
 		return relay.DefaultSocket
 	}
 	return c.AgentSocket
+}
+
+// SameStore reports whether c and o describe one store: local files at
+// one path (defaults applied) with one key prefix, or etcd clusters with
+// one key prefix and an endpoint in common. Credentials, timeouts and
+// sockets do not matter.
+func (c Config) SameStore(o Config) bool {
+	if c.isEtcd() != o.isEtcd() {
+		return false
+	}
+	if c.isEtcd() {
+		return c.Identity().Matches(o.Identity())
+	}
+	return c.localPath() == o.localPath() && c.Prefix == o.Prefix
+}
+
+func (c Config) isEtcd() bool { return c.Type == TypeEtcd }
+
+// localPath is a local store's file, its default applied.
+func (c Config) localPath() string {
+	if c.Path == "" {
+		return local.DefaultPath
+	}
+	return filepath.Clean(c.Path)
 }
 
 // Identity is the cluster an etcd store names, as the agent's socket

@@ -10,5 +10,5 @@ import (
 )
 
 func main() {
-	cnimain.Run(ipamring.Edge{}.Funcs(), ipamring.SupportedVersions, "ipam-ring: cluster-wide CNI IPAM on a ring of host-owned ranges")
+	cnimain.Run(ipamring.Edge{ToAgent: true}.Funcs(), ipamring.SupportedVersions, "ipam-ring: cluster-wide CNI IPAM on a ring of host-owned ranges")
 }

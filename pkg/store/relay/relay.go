@@ -29,9 +29,14 @@
 //     connection during a read is retried on the direct store.
 //   - The socket is created mode 0600: whoever may use it may use the
 //     agent's etcd credentials.
+//   - Whole invocations (Invoke, Invoker; invoke.go): a plugin may instead
+//     send its whole CNI call, which the agent runs on its own store, the
+//     local store included, when its Invoker accepts it. The plugin runs
+//     the call itself when nothing answers or the agent refuses.
 //
 // Wire format: one JSON object per line each way, a request then its
-// answer; one call at a time per connection.
+// answer; one call at a time per connection; an invocation is alone on
+// its connection.
 package relay
 
 import (
@@ -79,7 +84,7 @@ func normEndpoint(e string) string {
 
 // request is one call on the wire.
 type request struct {
-	Op string `json:"op"` // hello, get, scan, commit
+	Op string `json:"op"` // hello, get, scan, commit, invoke
 	// Deadline of the call in milliseconds from when the server reads it
 	// (0: none).
 	TimeoutMS int64     `json:"timeoutMs,omitempty"`
@@ -91,6 +96,8 @@ type request struct {
 	Limit int        `json:"limit,omitempty"`
 	Conds []wireCond `json:"conds,omitempty"`
 	Ops   []wireOp   `json:"ops,omitempty"`
+	// Invocation is the whole plugin call of an "invoke" (invoke.go).
+	Invocation *Invocation `json:"invocation,omitempty"`
 }
 
 type wireCond struct {
@@ -114,6 +121,8 @@ type wireKV struct {
 type answer struct {
 	KVs   []wireKV   `json:"kvs,omitempty"`
 	Error *wireError `json:"error,omitempty"`
+	// Outcome answers an "invoke" (invoke.go).
+	Outcome *Outcome `json:"outcome,omitempty"`
 }
 
 // wireError is an error with the sentinel it wrapped, by name.

@@ -56,8 +56,12 @@ type Server struct {
 	id      Identity
 	log     func(msg string, args ...any)
 	// OnCall, if set before Serve, is told of every call served: its
-	// operation (get, scan, commit) and result.
+	// operation (get, scan, commit, or "invoke-" and the CNI command) and
+	// result.
 	OnCall func(op string, err error)
+	// Invoker, if set before Serve, runs the whole plugin invocations
+	// sent to the socket; without it every invocation is refused.
+	Invoker Invoker
 }
 
 // NewServer returns a server of backend, which serves the cluster id.
@@ -133,6 +137,10 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 		var ans answer
 		if err := json.Unmarshal(line, &req); err != nil {
 			s.log("relay: undecodable request", "err", err)
+			return
+		}
+		if req.Op == "invoke" && !greeted {
+			s.serveInvocation(ctx, c, r, w, req.Invocation)
 			return
 		}
 		switch {

@@ -14,6 +14,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/retry"
+	"github.com/ringipam/ringipam/pkg/store"
 )
 
 // SupportedVersions are the CNI spec versions ipam-ring speaks.
@@ -28,6 +29,11 @@ type Edge struct {
 	Open func(ctx context.Context, c *Config) (Allocator, func() error, error)
 	// Stdout receives ADD results; nil means os.Stdout.
 	Stdout io.Writer
+	// ToAgent, if set, sends each invocation to the host agent first
+	// (forward.go): when the agent serves the configured store it runs the
+	// call, and this process only prints its outcome. The plugin's main
+	// sets it; tests that run the verbs in process leave it off.
+	ToAgent bool
 }
 
 // Funcs returns the skel callbacks of the five verbs.
@@ -42,10 +48,47 @@ func (e Edge) stdout() io.Writer {
 	return e.Stdout
 }
 
-// run opens the allocator for c under c's timeout, calls fn and closes the
-// allocator again.
-func (e Edge) run(c *Config, fn func(ctx context.Context, a Allocator) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
+// Add is the ADD verb.
+func (e Edge) Add(args *skel.CmdArgs) error { return e.call("ADD", args) }
+
+// Del is the DEL verb. It needs no network namespace.
+func (e Edge) Del(args *skel.CmdArgs) error { return e.call("DEL", args) }
+
+// Check is the CHECK verb.
+func (e Edge) Check(args *skel.CmdArgs) error { return e.call("CHECK", args) }
+
+// GC is the GC verb (CNI 1.1).
+func (e Edge) GC(args *skel.CmdArgs) error { return e.call("GC", args) }
+
+// Status is the STATUS verb (CNI 1.1): code 50 when ADD cannot be served.
+func (e Edge) Status(args *skel.CmdArgs) error { return e.call("STATUS", args) }
+
+// A verb runs one CNI command on a loaded configuration under parent and
+// returns the error the runtime sees (a *types.Error, or nil).
+type verb func(e Edge, parent context.Context, c *Config, args *skel.CmdArgs) error
+
+// verbs are the verbs by CNI_COMMAND.
+var verbs = map[string]verb{"ADD": Edge.add, "DEL": Edge.del, "CHECK": Edge.check, "GC": Edge.gc, "STATUS": Edge.status}
+
+// call runs the verb of command for args: through the host agent when
+// ToAgent is set and an agent serves the call, here otherwise.
+func (e Edge) call(command string, args *skel.CmdArgs) error {
+	if e.ToAgent {
+		if served, err := e.forward(command, args); served {
+			return err
+		}
+	}
+	c, err := Load(args.StdinData, args.Args)
+	if err != nil {
+		return wire(err)
+	}
+	return verbs[command](e, context.Background(), c, args)
+}
+
+// run opens the allocator for c under c's timeout (counted within
+// parent), calls fn and closes the allocator again.
+func (e Edge) run(parent context.Context, c *Config, fn func(ctx context.Context, a Allocator) error) error {
+	ctx, cancel := context.WithTimeout(parent, c.Timeout)
 	defer cancel()
 	open := e.Open
 	if open == nil {
@@ -81,25 +124,30 @@ func OpenAllocator(ctx context.Context, c *Config) (Allocator, func() error, err
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening store: %w", err)
 	}
-	a, err := pool.New(st, c.Host, pool.WithTimeout(c.Timeout), pool.WithRetry(contentionRetry()),
-		pool.WithHostLock(hostlock.DefaultDir), pool.WithReservationHold(c.ReservationHold))
+	a, err := newAllocator(st, c, hostlock.DefaultDir)
 	if err != nil {
 		st.Close()
-		return nil, nil, fmt.Errorf("%w: host %q: %w", ErrBadConfig, c.Host, err)
+		return nil, nil, err
 	}
 	return a, st.Close, nil
+}
+
+// newAllocator is the pool allocator of c on the open store st, queueing
+// this host's callers on locks (for a store that cannot be held).
+func newAllocator(st store.Store, c *Config, locks pool.HostLocker) (*pool.Allocator, error) {
+	a, err := pool.New(st, c.Host, pool.WithTimeout(c.Timeout), pool.WithRetry(contentionRetry()),
+		pool.WithHostLock(locks), pool.WithReservationHold(c.ReservationHold))
+	if err != nil {
+		return nil, fmt.Errorf("%w: host %q: %w", ErrBadConfig, c.Host, err)
+	}
+	return a, nil
 }
 
 func attachment(args *skel.CmdArgs) Attachment {
 	return Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
-// Add is the ADD verb.
-func (e Edge) Add(args *skel.CmdArgs) error {
-	c, err := Load(args.StdinData, args.Args)
-	if err != nil {
-		return wire(err)
-	}
+func (e Edge) add(parent context.Context, c *Config, args *skel.CmdArgs) error {
 	if c.Chained {
 		// Chained only for GC/STATUS: pass the previous result through.
 		if c.PrevResult == nil {
@@ -108,7 +156,7 @@ func (e Edge) Add(args *skel.CmdArgs) error {
 		return wire(printAs(e.stdout(), c.PrevResult, c.CNIVersion))
 	}
 	var res types.Result
-	err = e.run(c, func(ctx context.Context, a Allocator) error {
+	err := e.run(parent, c, func(ctx context.Context, a Allocator) error {
 		r, err := Add(ctx, a, c, attachment(args))
 		res = r
 		return err
@@ -127,53 +175,33 @@ func printAs(w io.Writer, r types.Result, ver string) error {
 	return out.PrintTo(w)
 }
 
-// Del is the DEL verb. It needs no network namespace.
-func (e Edge) Del(args *skel.CmdArgs) error {
-	c, err := Load(args.StdinData, args.Args)
-	if err != nil {
-		return wire(err)
-	}
+func (e Edge) del(parent context.Context, c *Config, args *skel.CmdArgs) error {
 	if c.Chained {
 		return nil // the main plugin's IPAM delegation releases
 	}
-	return wire(e.run(c, func(ctx context.Context, a Allocator) error {
+	return wire(e.run(parent, c, func(ctx context.Context, a Allocator) error {
 		return Del(ctx, a, c, attachment(args))
 	}))
 }
 
-// Check is the CHECK verb.
-func (e Edge) Check(args *skel.CmdArgs) error {
-	c, err := Load(args.StdinData, args.Args)
-	if err != nil {
-		return wire(err)
-	}
+func (e Edge) check(parent context.Context, c *Config, args *skel.CmdArgs) error {
 	if c.Chained {
 		return nil
 	}
-	return wire(e.run(c, func(ctx context.Context, a Allocator) error {
+	return wire(e.run(parent, c, func(ctx context.Context, a Allocator) error {
 		return Check(ctx, a, c, attachment(args))
 	}))
 }
 
-// GC is the GC verb (CNI 1.1).
-func (e Edge) GC(args *skel.CmdArgs) error {
-	c, err := Load(args.StdinData, args.Args)
-	if err != nil {
-		return wire(err)
-	}
-	return wire(e.run(c, func(ctx context.Context, a Allocator) error {
+func (e Edge) gc(parent context.Context, c *Config, _ *skel.CmdArgs) error {
+	return wire(e.run(parent, c, func(ctx context.Context, a Allocator) error {
 		_, err := GC(ctx, a, c)
 		return err
 	}))
 }
 
-// Status is the STATUS verb (CNI 1.1): code 50 when ADD cannot be served.
-func (e Edge) Status(args *skel.CmdArgs) error {
-	c, err := Load(args.StdinData, args.Args)
-	if err != nil {
-		return wire(err)
-	}
-	err = e.run(c, func(ctx context.Context, a Allocator) error {
+func (e Edge) status(parent context.Context, c *Config, _ *skel.CmdArgs) error {
+	err := e.run(parent, c, func(ctx context.Context, a Allocator) error {
 		return Status(ctx, a, c)
 	})
 	if err == nil {

@@ -170,6 +170,11 @@ type netJSON struct {
 // It resolves every default (host name, pool names, gateways, timeout) so
 // that the verbs do no parsing of their own. All errors wrap ErrBadConfig.
 func Load(stdin []byte, cniArgs string) (*Config, error) {
+	return load(stdin, cniArgs, "")
+}
+
+// load is Load with the machine's hostname given ("": ask the system).
+func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 	var n netJSON
 	if err := json.Unmarshal(stdin, &n); err != nil {
 		return nil, badConfig("cannot parse network configuration: %v", err)
@@ -199,6 +204,9 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 	}
 	if c.CNIVersion == "" {
 		c.CNIVersion = "0.1.0" // what the CNI spec assumes when it is absent
+	}
+	if c.Host == "" && hostname != "" {
+		c.Host = hostname
 	}
 	if c.Host == "" {
 		h, err := os.Hostname()
