@@ -1,3 +1,10 @@
+// The plugins live for one call: GOMAXPROCS from the CPUs is enough, and
+// reading the cgroup's CPU limit at start-up (mountinfo, cgroup files) and
+// watching it afterwards cost every call about 0.1 ms of CPU
+// (docs/benchmarks.md).
+//go:debug containermaxprocs=0
+//go:debug updatemaxprocs=0
+
 // Command ipam-ring is a CNI IPAM plugin that hands out container addresses
 // unique across every host sharing a ringipam store (etcd, or the embedded
 // local store for a single host). See README.md for its configuration and

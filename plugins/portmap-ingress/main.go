@@ -1,3 +1,10 @@
+// The plugins live for one call: GOMAXPROCS from the CPUs is enough, and
+// reading the cgroup's CPU limit at start-up (mountinfo, cgroup files) and
+// watching it afterwards cost every call about 0.1 ms of CPU
+// (docs/benchmarks.md).
+//go:debug containermaxprocs=0
+//go:debug updatemaxprocs=0
+
 // Command portmap-ingress is a chained CNI plugin that publishes container
 // ports, unique per host (host mode) or across the cluster (ingress mode),
 // on a ringipam store. See README.md; the work is done by package portmap.

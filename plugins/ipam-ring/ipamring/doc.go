@@ -1,8 +1,8 @@
 // Package ipamring is the core of the ipam-ring CNI IPAM plugin: it parses
 // and validates the plugin's configuration once, at the door (Load), and runs
 // the five CNI verbs (Add, Del, Check, GC, Status) against a pool allocator,
-// returning results instead of printing them. The Cmd* functions are the
-// thin edge that skel calls: they load the configuration, open the store,
+// returning results instead of printing them. Edge is the thin edge that
+// skel calls: its verbs load the configuration, open the store,
 // call the core, print the result and turn every error into a CNI error
 // (CNIError), so that skel never has to invent code 999.
 //
@@ -25,6 +25,11 @@
 //   - Status fails with code 50 when the store cannot be reached, a pool's
 //     recorded definition differs, or a pool has no free address.
 //   - Every store call runs under the configured timeout (default 30s).
+//   - Through the host agent (forward.go): an Edge with ToAgent set sends an
+//     etcd configuration's invocation to the agent's socket first, and the
+//     agent (AgentInvoker) runs the same verb on its own store; the outcome
+//     printed is the one the plugin would have printed. The plugin runs the
+//     call itself whenever the agent does not serve it.
 //
 // The functions are safe for concurrent use; the configuration values they
 // take are not modified.

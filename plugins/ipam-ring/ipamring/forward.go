@@ -85,6 +85,11 @@ func (e Edge) forward(command string, args *skel.CmdArgs) (served bool, err erro
 // is "off", and when the configuration cannot be read: the plugin then
 // runs the call itself (and reports the configuration's problem).
 func agentSocketOf(stdin []byte) (socket string, timeout time.Duration) {
+	if !bytes.Contains(stdin, []byte(storeconfig.TypeEtcd)) {
+		// No etcd store in it (the common local store): not worth
+		// decoding. A type spelt with escapes is run here, which is safe.
+		return "", 0
+	}
 	var n struct {
 		IPAM struct {
 			Timeout string `json:"timeout"`
