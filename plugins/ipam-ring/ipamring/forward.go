@@ -28,10 +28,10 @@ import (
 // the verb with this package's code on its open store (its long-lived
 // gRPC connection) and the plugin prints what it answers: one exchange
 // with the agent instead of one per store call, and no configuration
-// loaded or store opened in the plugin. Otherwise, and when the agent stops before answering, the
-// plugin runs the call itself: every verb is idempotent (a repeated ADD
-// returns the attachment's allocation), so a call the agent may have run
-// is safe to run again. An agent that does not answer within the call's
+// loaded or store opened in the plugin. Otherwise, and when the agent
+// stops before answering, the plugin runs the call itself: every verb is
+// idempotent (a repeated ADD returns the attachment's allocation), so a
+// call the agent may have run is safe to run again. An agent that does not answer within the call's
 // timeout fails it with code 11, as a store would.
 //
 // The agent's side (AgentInvoker): a relay.Invoker on the agent's store.
