@@ -167,14 +167,6 @@ func (e Edge) add(parent context.Context, c *Config, args *skel.CmdArgs) error {
 	return wire(printAs(e.stdout(), res, c.CNIVersion))
 }
 
-func printAs(w io.Writer, r types.Result, ver string) error {
-	out, err := r.GetAsVersion(ver)
-	if err != nil {
-		return fmt.Errorf("%w: cannot express the result as CNI %s: %w", ErrBadConfig, ver, err)
-	}
-	return out.PrintTo(w)
-}
-
 func (e Edge) del(parent context.Context, c *Config, args *skel.CmdArgs) error {
 	if c.Chained {
 		return nil // the main plugin's IPAM delegation releases
