@@ -343,8 +343,10 @@ func (s *Store) with(ctx context.Context, readOnly bool, fn func(*bolt.DB) error
 	if s.held != nil {
 		return s.run(s.held, fn)
 	}
-	if _, err := os.Stat(s.path); readOnly && errors.Is(err, os.ErrNotExist) {
-		return ctx.Err()
+	if readOnly {
+		if _, err := os.Stat(s.path); errors.Is(err, os.ErrNotExist) {
+			return ctx.Err()
+		}
 	}
 
 	db, err := s.open(ctx, readOnly, deadline)

@@ -213,16 +213,6 @@ func (c *blockingConn) readLine(wait time.Duration) ([]byte, error) {
 // serveInvocation answers one invocation on c (the connection is closed
 // after it).
 func (s *Server) serveInvocation(ctx context.Context, c net.Conn, r *bufio.Reader, w *bufio.Writer, inv *Invocation) {
-	send := func(a *answer) bool {
-		b, err := json.Marshal(a)
-		if err != nil {
-			return false
-		}
-		_ = c.SetWriteDeadline(time.Now().Add(idleTimeout))
-		w.Write(b)
-		w.WriteByte('\n')
-		return w.Flush() == nil
-	}
 	var (
 		run     func(context.Context) Outcome
 		timeout time.Duration
@@ -232,7 +222,7 @@ func (s *Server) serveInvocation(ctx context.Context, c net.Conn, r *bufio.Reade
 		run, timeout, ok = s.Invoker.Accept(inv)
 	}
 	if !ok {
-		send(&answer{Error: &wireError{Kind: kindRefused, Message: "this agent does not serve this invocation"}})
+		writeAnswer(c, w, &answer{Error: &wireError{Kind: kindRefused, Message: "this agent does not serve this invocation"}})
 		return
 	}
 	if timeout <= 0 {
@@ -253,13 +243,17 @@ func (s *Server) serveInvocation(ctx context.Context, c net.Conn, r *bufio.Reade
 			cancel()
 		}
 	}()
+	defer func() {
+		// Unblock the watcher and wait for it, so that no goroutine
+		// outlives the connection.
+		_ = c.SetReadDeadline(time.Now())
+		<-gone
+	}()
 	out := run(ctx)
 	if stopping.Err() != nil {
 		// The agent is stopping: the call's "canceled" is not the
 		// plugin's. Close without an answer; the plugin runs the call
 		// itself.
-		_ = c.SetReadDeadline(time.Now())
-		<-gone
 		return
 	}
 	if s.OnCall != nil {
@@ -269,9 +263,5 @@ func (s *Server) serveInvocation(ctx context.Context, c net.Conn, r *bufio.Reade
 		}
 		s.OnCall("invoke-"+inv.Command, err)
 	}
-	send(&answer{Outcome: &out})
-	// Unblock the watcher and wait for it, so that no goroutine outlives
-	// the connection.
-	_ = c.SetReadDeadline(time.Now())
-	<-gone
+	writeAnswer(c, w, &answer{Outcome: &out})
 }

@@ -161,14 +161,7 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 				return
 			}
 		}
-		b, err := json.Marshal(&ans)
-		if err != nil {
-			return
-		}
-		_ = c.SetWriteDeadline(time.Now().Add(idleTimeout))
-		w.Write(b)
-		w.WriteByte('\n')
-		if err := w.Flush(); err != nil {
+		if !writeAnswer(c, w, &ans) {
 			return
 		}
 		if ans.Error != nil && ans.Error.Kind == kindRefused {
@@ -222,6 +215,19 @@ func (s *Server) call(ctx context.Context, req *request) answer {
 		out.KVs[i] = wireKV{Key: []byte(kv.Key), Value: kv.Value, Revision: kv.Revision}
 	}
 	return out
+}
+
+// writeAnswer writes a as one line on c (through w) and reports whether it
+// went out.
+func writeAnswer(c net.Conn, w *bufio.Writer, a *answer) bool {
+	b, err := json.Marshal(a)
+	if err != nil {
+		return false
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(idleTimeout))
+	w.Write(b)
+	w.WriteByte('\n')
+	return w.Flush() == nil
 }
 
 // readLine reads one line of at most maxLine bytes, without its newline.

@@ -166,6 +166,19 @@ type netJSON struct {
 	} `json:"args"`
 }
 
+// parseTimeout reads "ipam.timeout": DefaultTimeout when empty, else a
+// positive duration.
+func parseTimeout(s string) (time.Duration, error) {
+	if s == "" {
+		return DefaultTimeout, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, badConfig("timeout %q is not a positive duration such as \"30s\"", s)
+	}
+	return d, nil
+}
+
 // Load parses and validates the plugin's stdin configuration and CNI_ARGS.
 // It resolves every default (host name, pool names, gateways, timeout) so
 // that the verbs do no parsing of their own. All errors wrap ErrBadConfig.
@@ -198,7 +211,6 @@ func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 		Routes:          im.Routes,
 		DNS:             im.DNS,
 		GatewayMode:     GatewayMode(im.GatewayMode),
-		Timeout:         DefaultTimeout,
 		ReservationHold: pool.DefaultReservationHold,
 		Chained:         n.Chained,
 	}
@@ -215,13 +227,11 @@ func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 		}
 		c.Host = h
 	}
-	if im.Timeout != "" {
-		d, err := time.ParseDuration(im.Timeout)
-		if err != nil || d <= 0 {
-			return nil, badConfig("timeout %q is not a positive duration such as \"30s\"", im.Timeout)
-		}
-		c.Timeout = d
+	timeout, err := parseTimeout(im.Timeout)
+	if err != nil {
+		return nil, err
 	}
+	c.Timeout = timeout
 	if im.ReservationHold != "" {
 		d, err := time.ParseDuration(im.ReservationHold)
 		if err != nil || d < 0 {

@@ -102,13 +102,9 @@ func agentSocketOf(stdin []byte) (socket string, timeout time.Duration) {
 	if err := json.Unmarshal(stdin, &n); err != nil {
 		return "", 0
 	}
-	timeout = DefaultTimeout
-	if n.IPAM.Timeout != "" {
-		d, err := time.ParseDuration(n.IPAM.Timeout)
-		if err != nil || d <= 0 {
-			return "", 0
-		}
-		timeout = d
+	timeout, err := parseTimeout(n.IPAM.Timeout)
+	if err != nil {
+		return "", 0
 	}
 	st := n.IPAM.Store
 	return storeconfig.Config{Type: st.Type, AgentSocket: st.AgentSocket}.Socket(), timeout
@@ -142,13 +138,13 @@ func (s AgentInvoker) Accept(inv *relay.Invocation) (func(context.Context) relay
 	}
 	args := &skel.CmdArgs{ContainerID: inv.ContainerID, Netns: inv.Netns, IfName: inv.IfName,
 		Args: inv.Args, Path: inv.Path, StdinData: inv.Stdin}
+	locks := s.HostLocks
+	if locks == nil {
+		locks = hostlock.DefaultDir
+	}
 	run := func(ctx context.Context) relay.Outcome {
 		var stdout bytes.Buffer
 		e := Edge{Stdout: &stdout, Open: func(context.Context, *Config) (Allocator, func() error, error) {
-			locks := s.HostLocks
-			if locks == nil {
-				locks = hostlock.DefaultDir
-			}
 			a, err := newAllocator(s.Store, c, locks)
 			if err != nil {
 				return nil, nil, err

@@ -16,7 +16,7 @@ import (
 // a map, encodes the map (so every object's keys come out sorted) and
 // indents it: about 0.15-0.2 ms of a plugin process's time, most of it
 // encoding/json learning the types by reflection, which an ADD otherwise
-// does not need. printCurrent writes the same bytes directly for the
+// does not need. encodeCurrent writes the same bytes directly for the
 // results this plugin makes; a result with anything it does not handle
 // byte for byte (a string that JSON would escape, a nil entry) goes to
 // PrintTo. TestPrintCurrentMatchesPrintTo holds the two to the same output.
@@ -27,7 +27,7 @@ func printAs(w io.Writer, r types.Result, ver string) error {
 		return fmt.Errorf("%w: cannot express the result as CNI %s: %w", ErrBadConfig, ver, err)
 	}
 	if cur, ok := out.(*current.Result); ok {
-		if b, ok := appendCurrent(nil, cur); ok {
+		if b, ok := encodeCurrent(cur); ok {
 			_, err := w.Write(b)
 			return err
 		}
@@ -132,10 +132,10 @@ func (j *jsonWriter) strList(k string, vs []string) {
 	j.close(']')
 }
 
-// appendCurrent appends r as PrintTo prints it; ok is false when it cannot
+// encodeCurrent returns r as PrintTo prints it; ok is false when it cannot
 // be sure to print the same bytes.
-func appendCurrent(b []byte, r *current.Result) ([]byte, bool) {
-	j := &jsonWriter{b: b, ok: true}
+func encodeCurrent(r *current.Result) ([]byte, bool) {
+	j := &jsonWriter{ok: true}
 	j.open('{')
 	if r.CNIVersion != "" {
 		j.strField("cniVersion", r.CNIVersion)

@@ -93,7 +93,7 @@ func TestPrintCurrentMatchesPrintTo(t *testing.T) {
 		if err := r.PrintTo(&want); err != nil {
 			t.Fatalf("PrintTo: %v", err)
 		}
-		got, ok := appendCurrent(nil, r)
+		got, ok := encodeCurrent(r)
 		if !ok {
 			if !awkward {
 				t.Fatalf("declined a plain result:\n%s", want.String())
@@ -115,7 +115,7 @@ func TestPrintCurrentMatchesPrintTo(t *testing.T) {
 
 	// What JSON cannot encode (a 5-byte gateway) is left to PrintTo.
 	bad := &current.Result{CNIVersion: "1.0.0", IPs: []*current.IPConfig{{Address: net.IPNet{IP: net.IPv4(198, 18, 0, 1).To4(), Mask: net.CIDRMask(24, 32)}, Gateway: net.IP{1, 2, 3, 4, 5}}}}
-	if _, ok := appendCurrent(nil, bad); ok {
+	if _, ok := encodeCurrent(bad); ok {
 		t.Fatal("a 5-byte gateway was printed")
 	}
 	if err := printAs(&bytes.Buffer{}, bad, "1.0.0"); err == nil {
