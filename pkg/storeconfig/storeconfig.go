@@ -182,10 +182,13 @@ func (c Config) etcdPrefix() string {
 // validates it.
 func Parse(data []byte) (Config, error) {
 	var c Config
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&c); err != nil {
-		return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	if !parseFast(data, &c) {
+		c = Config{}
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&c); err != nil {
+			return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+		}
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
@@ -197,9 +200,12 @@ func Parse(data []byte) (Config, error) {
 func (c Config) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	for name, d := range map[string]Duration{"openTimeout": c.OpenTimeout, "dialTimeout": c.DialTimeout, "requestTimeout": c.RequestTimeout} {
-		if d < 0 {
-			bad("%s %s is negative", name, time.Duration(d))
+	for _, d := range []struct {
+		name  string
+		value Duration
+	}{{"openTimeout", c.OpenTimeout}, {"dialTimeout", c.DialTimeout}, {"requestTimeout", c.RequestTimeout}} {
+		if d.value < 0 {
+			bad("%s %s is negative", d.name, time.Duration(d.value))
 		}
 	}
 	switch c.Type {

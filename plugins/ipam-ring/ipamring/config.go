@@ -151,19 +151,24 @@ type netJSON struct {
 	RawPrevResult map[string]any  `json:"prevResult"`
 	Valid         json.RawMessage `json:"cni.dev/valid-attachments"`
 	OldValid      json.RawMessage `json:"cni.dev/attachments"`
-	RuntimeConfig struct {
-		IPs      []string      `json:"ips"`
-		IPRanges [][]rangeJSON `json:"ipRanges"`
-		// The pod's annotations, sent by containerd and CRI-O when the
-		// main plugin declares the capability (ipam-ring gets the main
-		// plugin's stdin).
-		Annotations map[string]string `json:"io.kubernetes.cri.pod-annotations"`
-	} `json:"runtimeConfig"`
-	Args *struct {
-		CNI *struct {
-			IPs []string `json:"ips"`
-		} `json:"cni"`
-	} `json:"args"`
+	RuntimeConfig runtimeJSON     `json:"runtimeConfig"`
+	Args          *argsJSON       `json:"args"`
+}
+
+type runtimeJSON struct {
+	IPs      []string      `json:"ips"`
+	IPRanges [][]rangeJSON `json:"ipRanges"`
+	// The pod's annotations, sent by containerd and CRI-O when the
+	// main plugin declares the capability (ipam-ring gets the main
+	// plugin's stdin).
+	Annotations map[string]string `json:"io.kubernetes.cri.pod-annotations"`
+}
+
+// argsJSON is the conventions' "args" ({"cni": {"ips": [...]}}).
+type argsJSON struct {
+	CNI *struct {
+		IPs []string `json:"ips"`
+	} `json:"cni"`
 }
 
 // parseTimeout reads "ipam.timeout": DefaultTimeout when empty, else a
@@ -189,8 +194,11 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 // load is Load with the machine's hostname given ("": ask the system).
 func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 	var n netJSON
-	if err := json.Unmarshal(stdin, &n); err != nil {
-		return nil, badConfig("cannot parse network configuration: %v", err)
+	if !decodeNetFast(stdin, &n) {
+		n = netJSON{}
+		if err := json.Unmarshal(stdin, &n); err != nil {
+			return nil, badConfig("cannot parse network configuration: %v", err)
+		}
 	}
 	if n.Name == "" {
 		return nil, badConfig("missing network name")
@@ -199,10 +207,13 @@ func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 		return nil, badConfig("missing \"ipam\" section")
 	}
 	var im ipamJSON
-	dec := json.NewDecoder(bytes.NewReader(n.IPAM))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&im); err != nil {
-		return nil, badConfig("cannot parse \"ipam\": %v", err)
+	if !decodeIPAMFast(n.IPAM, &im) {
+		im = ipamJSON{}
+		dec := json.NewDecoder(bytes.NewReader(n.IPAM))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&im); err != nil {
+			return nil, badConfig("cannot parse \"ipam\": %v", err)
+		}
 	}
 	c := &Config{
 		CNIVersion:      n.CNIVersion,
