@@ -230,7 +230,7 @@ func (a *Allocator) read(ctx context.Context, req Request, defs map[string]Def) 
 	s := &snapshot{ownerKV: ks.kv(kvs, ownerK)}
 	s.held = Allocation{Owner: req.Owner, Host: a.host, Reservation: req.Reservation}
 	if s.ownerKV.Exists() {
-		if err := json.Unmarshal(s.ownerKV.Value, &s.held); err != nil {
+		if err := decodeAllocation(s.ownerKV.Value, &s.held); err != nil {
 			return nil, fmt.Errorf("owner %s: stored allocation is corrupt: %w", req.Owner, err)
 		}
 		s.exists = true
@@ -260,13 +260,13 @@ func (a *Allocator) read(ctx context.Context, req Request, defs map[string]Def) 
 		t.segs = segmentsOf(t.def)
 		var tokens []token
 		if t.ringKV.Exists() {
-			if err := json.Unmarshal(t.ringKV.Value, &tokens); err != nil {
+			if err := decodeTokens(t.ringKV.Value, &tokens); err != nil {
 				return nil, fmt.Errorf("pool %s: stored ring is corrupt: %w", p, err)
 			}
 		}
 		t.ring = ringFrom(t.def, tokens)
 		if t.hostKV.Exists() {
-			if err := json.Unmarshal(t.hostKV.Value, &t.host); err != nil {
+			if err := decodeHostState(t.hostKV.Value, &t.host); err != nil {
 				return nil, fmt.Errorf("pool %s host %s: corrupt state: %w", p, a.host, err)
 			}
 		}
@@ -381,13 +381,13 @@ func (a *Allocator) plan(ctx context.Context, s *snapshot, req Request, useHint 
 		t.host.Seen = a.now().Unix()
 		p.require(store.Unchanged(t.ringKV), store.Unchanged(t.hostKV))
 		if t.ringChanged {
-			b, _ := json.Marshal(t.ring.tokens)
+			b := encodeTokens(t.ring.tokens)
 			p.write(store.Put(ringKey(t.name), b))
 		}
-		b, _ := json.Marshal(t.host)
+		b := encodeHostState(t.host)
 		p.write(store.Put(hostKey(t.name, a.host), b))
 	}
-	b, err := json.Marshal(p.alloc)
+	b, err := encodeAllocation(p.alloc)
 	if err != nil {
 		return plan{}, err
 	}

@@ -2,7 +2,6 @@ package pool
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -33,7 +32,7 @@ func (a *Allocator) Check(ctx context.Context, pool string) ([]string, error) {
 	}
 	var tokens []token
 	if kvs[1].Exists() {
-		if err := json.Unmarshal(kvs[1].Value, &tokens); err != nil {
+		if err := decodeTokens(kvs[1].Value, &tokens); err != nil {
 			return []string{"ring is corrupt: " + err.Error()}, nil
 		}
 	}
@@ -74,7 +73,7 @@ func (a *Allocator) Check(ctx context.Context, pool string) ([]string, error) {
 	recs := map[string]Allocation{}
 	for _, kv := range owners {
 		var rec Allocation
-		if err := json.Unmarshal(kv.Value, &rec); err != nil {
+		if err := decodeAllocation(kv.Value, &rec); err != nil {
 			bad = append(bad, fmt.Sprintf("%s is corrupt: %v", kv.Key, err))
 			continue
 		}
@@ -128,7 +127,7 @@ func (a *Allocator) Check(ctx context.Context, pool string) ([]string, error) {
 	for _, kv := range hosts {
 		host := strings.TrimPrefix(kv.Key, hostPrefix(pool))
 		var hs hostState
-		if err := json.Unmarshal(kv.Value, &hs); err != nil {
+		if err := decodeHostState(kv.Value, &hs); err != nil {
 			bad = append(bad, fmt.Sprintf("%s is corrupt: %v", kv.Key, err))
 			continue
 		}

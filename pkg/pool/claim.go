@@ -246,7 +246,7 @@ func (a *Allocator) returnStrays(ctx context.Context, h handoff) error {
 			return err
 		}
 		var tokens []token
-		if err := json.Unmarshal(kvs[1].Value, &tokens); err != nil {
+		if err := decodeTokens(kvs[1].Value, &tokens); err != nil {
 			return fmt.Errorf("pool %s: stored ring is corrupt: %w", h.pool, err)
 		}
 		r := ringFrom(def, tokens)
@@ -265,7 +265,7 @@ func (a *Allocator) returnStrays(ctx context.Context, h handoff) error {
 		if !changed {
 			return nil
 		}
-		b, _ := json.Marshal(r.tokens)
+		b := encodeTokens(r.tokens)
 		return a.st.Commit(ctx, []store.Cond{store.Unchanged(kvs[1])}, []store.Op{store.Put(ringKey(h.pool), b)})
 	})
 }

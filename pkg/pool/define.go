@@ -97,7 +97,7 @@ func decodeDef(pool string, kv store.KV) (Def, error) {
 
 func parseDef(pool string, raw []byte) (Def, error) {
 	var d Def
-	if err := json.Unmarshal(raw, &d); err != nil {
+	if err := decodeDefJSON(raw, &d); err != nil {
 		return Def{}, fmt.Errorf("pool %s: stored definition is corrupt: %w", pool, err)
 	}
 	return d, nil

@@ -46,8 +46,7 @@ const (
 // historyOp is the put that records ev for addr of pool.
 func historyOp(pool string, addr netip.Addr, ev Event) store.Op {
 	key := historyPrefix(pool, toU128(addr), addr.Is4()) + fmt.Sprintf("%016x", uint64(ev.Time.UnixNano()))
-	b, _ := json.Marshal(ev)
-	return store.Put(key, b)
+	return store.Put(key, encodeEvent(ev))
 }
 
 // HistoryKeep is how many events per address compaction keeps by default.

@@ -48,7 +48,7 @@ func decodeOwner(owner Owner, kv store.KV) (Allocation, bool, error) {
 		return Allocation{}, false, nil
 	}
 	var rec Allocation
-	if err := json.Unmarshal(kv.Value, &rec); err != nil {
+	if err := decodeAllocation(kv.Value, &rec); err != nil {
 		return Allocation{}, false, fmt.Errorf("owner %s: stored allocation is corrupt: %w", owner, err)
 	}
 	return rec, true, nil

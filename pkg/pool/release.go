@@ -196,7 +196,7 @@ func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, known map[st
 		kv := known[hostKey(p, rec.Host)]
 		var hs hostState
 		if kv.Exists() {
-			if err := json.Unmarshal(kv.Value, &hs); err != nil {
+			if err := decodeHostState(kv.Value, &hs); err != nil {
 				return Allocation{}, false, fmt.Errorf("pool %s host %s: corrupt state: %w", p, rec.Host, err)
 			}
 		}
@@ -204,7 +204,7 @@ func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, known map[st
 		if rec.Host == a.host {
 			hs.Seen = a.now().Unix()
 		}
-		b, _ := json.Marshal(hs)
+		b := encodeHostState(hs)
 		conds = append(conds, store.Unchanged(kv))
 		ops = append(ops, store.Put(kv.Key, b))
 	}

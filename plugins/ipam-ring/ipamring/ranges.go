@@ -5,7 +5,6 @@ package ipamring
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -130,7 +129,7 @@ func buildDef(name string, rs []rangeJSON, excl []netip.Prefix) (pool.Def, error
 }
 
 func defHash(d pool.Def) string {
-	b, _ := json.Marshal(d.Ranges)
+	b := pool.RangesJSON(d.Ranges)
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:6])
 }
