@@ -1,6 +1,7 @@
 package ipamring
 
 import (
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -93,7 +94,7 @@ func randConfig(r *rand.Rand) string {
 	maybe(1, "type", str("ipam-ring"))
 	maybe(1, "ranges", rangeSets())
 	maybe(4, "host", str("h1", "host-2", "h1", ""))
-	maybe(3, "store", pick(`{"type":"local","path":"/var/lib/ringipam/t.db"}`, `{"type":"local"}`, `{"type":"local"}`, `{"path":"rel"}`, `null`, `{"type":"etcd","endpoints":["http://127.0.0.1:2379"]}`, `"x"`))
+	maybe(3, "store", pick(`{"type":"etcd","endpoints":["http://127.0.0.1:2379"],"agentSocket":"off"}`, `{"type":"etcd","endpoints":["http://127.0.0.1:2379"],"agentSocket":"/run/x.sock"}`, `{"type":"local","path":"/var/lib/ringipam/t.db"}`, `{"type":"local"}`, `{"type":"local"}`, `{"path":"rel"}`, `null`, `{"type":"etcd","endpoints":["http://127.0.0.1:2379"]}`, `"x"`))
 	maybe(6, "exclude", strs("198.18.0.5", "198.18.0.64/26", "198.18.0.5", "bad"))
 	maybe(6, "pools", strs("p1", "net1-0"))
 	maybe(6, "reservationFromPod", boolean())
@@ -173,4 +174,32 @@ func TestFastConfigDecodeMatchesEncodingJSON(t *testing.T) {
 		t.Fatalf("generator too narrow: %d of 20000 decoded fast, %d loaded", fast, loaded)
 	}
 	t.Logf("%d decoded fast, %d loaded without error", fast, loaded)
+}
+
+// TestFastAgentDecodeMatchesEncodingJSON: what the plugin reads to find
+// the agent is what encoding/json reads, whenever the fast path answers.
+func TestFastAgentDecodeMatchesEncodingJSON(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	fast := 0
+	for range 20000 {
+		doc := []byte(randConfig(r))
+		var got agentJSON
+		if !decodeAgentFast(doc, &got) {
+			continue
+		}
+		fast++
+		var want agentJSON
+		if err := json.Unmarshal(doc, &want); err != nil || got != want {
+			t.Fatalf("config %s\nfast: %+v\nencoding/json: %+v (%v)", doc, got, want, err)
+		}
+		fastDecode = false
+		socketSlow, timeoutSlow := agentSocketOf(doc)
+		fastDecode = true
+		if s, tm := agentSocketOf(doc); s != socketSlow || tm != timeoutSlow {
+			t.Fatalf("config %s: agent %q %s, with encoding/json %q %s", doc, s, tm, socketSlow, timeoutSlow)
+		}
+	}
+	if fast < 5000 {
+		t.Fatalf("generator too narrow: %d of 20000 decoded fast", fast)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/ringipam/ringipam/internal/jsonscan"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -90,17 +91,12 @@ func agentSocketOf(stdin []byte) (socket string, timeout time.Duration) {
 		// decoding. A type spelt with escapes is run here, which is safe.
 		return "", 0
 	}
-	var n struct {
-		IPAM struct {
-			Timeout string `json:"timeout"`
-			Store   struct {
-				Type        string `json:"type"`
-				AgentSocket string `json:"agentSocket"`
-			} `json:"store"`
-		} `json:"ipam"`
-	}
-	if err := json.Unmarshal(stdin, &n); err != nil {
-		return "", 0
+	var n agentJSON
+	if !decodeAgentFast(stdin, &n) {
+		n = agentJSON{}
+		if err := json.Unmarshal(stdin, &n); err != nil {
+			return "", 0
+		}
 	}
 	timeout, err := parseTimeout(n.IPAM.Timeout)
 	if err != nil {
@@ -108,6 +104,46 @@ func agentSocketOf(stdin []byte) (socket string, timeout time.Duration) {
 	}
 	st := n.IPAM.Store
 	return storeconfig.Config{Type: st.Type, AgentSocket: st.AgentSocket}.Socket(), timeout
+}
+
+// agentJSON is what the plugin reads of its configuration to find the
+// agent: the store's type and socket, and the call's timeout.
+type agentJSON struct {
+	IPAM struct {
+		Timeout string `json:"timeout"`
+		Store   struct {
+			Type        string `json:"type"`
+			AgentSocket string `json:"agentSocket"`
+		} `json:"store"`
+	} `json:"ipam"`
+}
+
+// decodeAgentFast fills n as json.Unmarshal would, or returns false (see
+// decodeNetFast).
+func decodeAgentFast(stdin []byte, n *agentJSON) bool {
+	if !fastDecode {
+		return false
+	}
+	v, ok := jsonscan.Parse(stdin)
+	return ok && v.Members([]string{"ipam"}, false, func(_ string, ipam jsonscan.Value) bool {
+		return ipam.Members([]string{"timeout", "store"}, false, func(key string, val jsonscan.Value) bool {
+			if key == "timeout" {
+				var ok bool
+				n.IPAM.Timeout, ok = val.String()
+				return ok
+			}
+			st := &n.IPAM.Store
+			return val.Members([]string{"type", "agentSocket"}, false, func(key string, val jsonscan.Value) bool {
+				var ok bool
+				if key == "type" {
+					st.Type, ok = val.String()
+				} else {
+					st.AgentSocket, ok = val.String()
+				}
+				return ok
+			})
+		})
+	})
 }
 
 // AgentInvoker runs forwarded invocations in the host agent, on the
