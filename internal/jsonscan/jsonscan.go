@@ -36,6 +36,13 @@ func Parse(data []byte) (Value, bool) {
 	return Value{raw: data[start:end]}, true
 }
 
+// ParseMembers is Parse, then Members of the object data holds: false
+// when data is not one valid JSON object or Members returns false.
+func ParseMembers(data []byte, fields []string, strict bool, fn func(key string, val Value) bool) bool {
+	v, ok := Parse(data)
+	return ok && v.Members(fields, strict, fn)
+}
+
 // Raw returns the value's bytes (not a copy).
 func (v Value) Raw() []byte { return v.raw }
 
@@ -388,6 +395,11 @@ func (w *Writer) Uint(n uint64) { w.buf = strconv.AppendUint(w.buf, n, 10) }
 
 // Bool appends true or false.
 func (w *Writer) Bool(v bool) { w.buf = strconv.AppendBool(w.buf, v) }
+
+// Refuse marks the document as one to leave to encoding/json (a value
+// this package does not write as encoding/json would, or that
+// encoding/json refuses).
+func (w *Writer) Refuse() { w.bad = true }
 
 // Bytes returns the document, or ok=false if a string was refused.
 func (w *Writer) Bytes() ([]byte, bool) { return w.buf, !w.bad }

@@ -58,7 +58,7 @@ func textValue(val jsonscan.Value, dst interface{ UnmarshalText([]byte) error })
 func writeText(w *jsonscan.Writer, v interface{ MarshalText() ([]byte, error) }) {
 	b, err := v.MarshalText()
 	if err != nil {
-		w.String("\x00") // refused: encoding/json reports the error
+		w.Refuse() // encoding/json reports the error
 		return
 	}
 	w.String(string(b))
@@ -373,7 +373,7 @@ func encodeEvent(ev Event) []byte {
 	b, _ := marshal(ev, func(w *jsonscan.Writer, ev Event) {
 		t, err := ev.Time.MarshalJSON()
 		if err != nil {
-			w.String("\x00") // refused: encoding/json reports the error
+			w.Refuse() // encoding/json reports the error
 			return
 		}
 		w.Raw(`{"t":`)

@@ -18,8 +18,7 @@ func parseFast(data []byte, c *Config) bool {
 	if !fastParse {
 		return false
 	}
-	v, ok := jsonscan.Parse(data)
-	return ok && v.Members(configKeys, true, func(key string, val jsonscan.Value) bool {
+	return jsonscan.ParseMembers(data, configKeys, true, func(key string, val jsonscan.Value) bool {
 		var ok bool
 		duration := func(d *Duration) bool {
 			return !val.IsNull() && d.UnmarshalJSON(val.Raw()) == nil

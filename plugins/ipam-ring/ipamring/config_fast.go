@@ -30,8 +30,7 @@ func decodeNetFast(stdin []byte, n *netJSON) bool {
 	if !fastDecode {
 		return false
 	}
-	v, ok := jsonscan.Parse(stdin)
-	return ok && v.Members(netKeys, false, func(key string, val jsonscan.Value) bool {
+	return jsonscan.ParseMembers(stdin, netKeys, false, func(key string, val jsonscan.Value) bool {
 		var ok bool
 		switch key {
 		case "cniVersion":
@@ -85,8 +84,7 @@ func decodeIPAMFast(raw []byte, im *ipamJSON) bool {
 	if !fastDecode {
 		return false
 	}
-	v, ok := jsonscan.Parse(raw)
-	return ok && v.Members(ipamKeys, true, func(key string, val jsonscan.Value) bool {
+	return jsonscan.ParseMembers(raw, ipamKeys, true, func(key string, val jsonscan.Value) bool {
 		var ok bool
 		switch key {
 		case "type":

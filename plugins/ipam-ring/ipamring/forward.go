@@ -124,8 +124,7 @@ func decodeAgentFast(stdin []byte, n *agentJSON) bool {
 	if !fastDecode {
 		return false
 	}
-	v, ok := jsonscan.Parse(stdin)
-	return ok && v.Members([]string{"ipam"}, false, func(_ string, ipam jsonscan.Value) bool {
+	return jsonscan.ParseMembers(stdin, []string{"ipam"}, false, func(_ string, ipam jsonscan.Value) bool {
 		return ipam.Members([]string{"timeout", "store"}, false, func(key string, val jsonscan.Value) bool {
 			if key == "timeout" {
 				var ok bool
