@@ -137,3 +137,41 @@ func CheckCommit(conds []Cond, ops []Op) error {
 	}
 	return nil
 }
+
+// Speculator is implemented by backends for which a round trip is dear
+// (etcd). A caller that believes it knows some keys' values (from a note
+// kept by an earlier call) commits on that belief in one round trip, and
+// when the belief is wrong gets those keys' current state back from the
+// same round trip instead of reading them in another.
+//
+// Beliefs are checked by value, not by revision: a note may outlive the
+// history its revisions came from (a store restored from a backup, or
+// another cluster under the same pool names), while equal bytes are equal
+// whatever the history.
+type Speculator interface {
+	// CommitOrGet applies ops atomically if every cond holds and every key
+	// of same exists and holds exactly its Value (their Revision is not
+	// looked at). Otherwise it writes nothing and returns the keys of read
+	// as Get would return them (one consistent revision, in the order
+	// asked) with an error wrapping ErrConflict. On success the KVs are nil.
+	CommitOrGet(ctx context.Context, conds []Cond, same []KV, ops []Op, read []string) ([]KV, error)
+}
+
+// CheckSpeculation validates the shape of a CommitOrGet: that of a commit
+// whose conditions include same, and no more than MaxOps keys to read.
+func CheckSpeculation(conds []Cond, same []KV, ops []Op, read []string) error {
+	if len(conds)+len(same)+len(ops) > MaxOps || len(read) > MaxOps {
+		return errors.Join(ErrTooLarge, errors.New("store: more than MaxOps conditions and operations, or keys to read"))
+	}
+	for _, kv := range same {
+		if kv.Key == "" {
+			return errors.New("store: condition on an empty key")
+		}
+	}
+	for _, k := range read {
+		if k == "" {
+			return errors.New("store: read of an empty key")
+		}
+	}
+	return CheckCommit(conds, ops)
+}

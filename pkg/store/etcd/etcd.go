@@ -10,7 +10,9 @@
 //     Scan is a sorted range read, paged at one revision when large;
 //     Commit is one transaction whose conditions are Version(k) = 0 for
 //     "absent" and ModRevision(k) = rev otherwise. A failed condition writes
-//     nothing and returns an error wrapping store.ErrConflict.
+//     nothing and returns an error wrapping store.ErrConflict. CommitOrGet
+//     (store.Speculator) adds Value(k) = v conditions and reads the keys
+//     asked in the transaction's failure branch.
 //   - Revisions are etcd's ModRevision: they only grow, and all keys of one
 //     commit share one.
 //   - Timeouts: New does not block on the network (the client dials lazily,
@@ -247,7 +249,51 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 	if err := store.CheckCommit(conds, ops); err != nil {
 		return fmt.Errorf("etcd store: %w", err)
 	}
-	cmps := make([]clientv3.Cmp, 0, len(conds))
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	resp, err := s.cli.Txn(ctx).If(s.compares(conds, nil)...).Then(s.writes(ops)...).Commit()
+	if err != nil {
+		return classify(ctx, s.endpoints, fmt.Errorf("commit: %w", err))
+	}
+	if !resp.Succeeded {
+		return fmt.Errorf("%w (etcd revision %d)", store.ErrConflict, resp.Header.Revision)
+	}
+	return nil
+}
+
+// CommitOrGet implements store.Speculator: one transaction whose failure
+// branch reads the keys of read.
+func (s *Store) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+	if err := store.CheckSpeculation(conds, same, ops, read); err != nil {
+		return nil, fmt.Errorf("etcd store: %w", err)
+	}
+	out, _, _ := store.StartGet(ctx, read)
+	gets := make([]clientv3.Op, 0, len(read))
+	for _, k := range read {
+		gets = append(gets, clientv3.OpGet(s.prefix+k))
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	resp, err := s.cli.Txn(ctx).If(s.compares(conds, same)...).Then(s.writes(ops)...).Else(gets...).Commit()
+	if err != nil {
+		return nil, classify(ctx, s.endpoints, fmt.Errorf("commit: %w", err))
+	}
+	if resp.Succeeded {
+		return nil, nil
+	}
+	for i, r := range resp.Responses {
+		if rr := r.GetResponseRange(); i < len(out) && rr != nil && len(rr.Kvs) > 0 {
+			out[i].Value, out[i].Revision = rr.Kvs[0].Value, rr.Kvs[0].ModRevision
+		}
+	}
+	return out, fmt.Errorf("%w (etcd revision %d)", store.ErrConflict, resp.Header.Revision)
+}
+
+// compares are a transaction's conditions: revisions (0: absent), then
+// values (etcd fails a value comparison on an absent key, as the contract
+// asks).
+func (s *Store) compares(conds []store.Cond, same []store.KV) []clientv3.Cmp {
+	cmps := make([]clientv3.Cmp, 0, len(conds)+len(same))
 	for _, c := range conds {
 		k := s.prefix + c.Key
 		if c.Revision == 0 {
@@ -256,6 +302,13 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", c.Revision))
 		}
 	}
+	for _, kv := range same {
+		cmps = append(cmps, clientv3.Compare(clientv3.Value(s.prefix+kv.Key), "=", string(kv.Value)))
+	}
+	return cmps
+}
+
+func (s *Store) writes(ops []store.Op) []clientv3.Op {
 	writes := make([]clientv3.Op, 0, len(ops))
 	for _, o := range ops {
 		if o.Delete {
@@ -264,16 +317,7 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 			writes = append(writes, clientv3.OpPut(s.prefix+o.Key, string(o.Value)))
 		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	resp, err := s.cli.Txn(ctx).If(cmps...).Then(writes...).Commit()
-	if err != nil {
-		return classify(ctx, s.endpoints, fmt.Errorf("commit: %w", err))
-	}
-	if !resp.Succeeded {
-		return fmt.Errorf("%w (etcd revision %d)", store.ErrConflict, resp.Header.Revision)
-	}
-	return nil
+	return writes
 }
 
 // Ping checks that the cluster answers a linearizable read (so it has a

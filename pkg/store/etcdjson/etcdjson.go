@@ -1,6 +1,7 @@
 // Package etcdjson is the etcd v3 store.Store spoken through etcd's JSON
 // gateway (HTTP/JSON on the client URL: /v3/kv/range, /v3/kv/txn), with
-// its own small HTTP/1.1 client (wire.go) and encoding/json only; TLS is
+// its own small HTTP/1.1 client (wire.go) and its own writer and reader of
+// the gateway's JSON (body.go, encoding/json for what it leaves); TLS is
 // linked only into programs that import package etcdtls (see TLSSupport).
 // It exists so that short-lived plugin processes do not link (and
 // initialise, on every invocation) the gRPC client, its protobuf registries
@@ -12,7 +13,8 @@
 // one revision; Commit is one transaction whose conditions are
 // Version(k) = 0 for "absent" and ModRevision(k) = rev otherwise, a failed
 // condition writing nothing and returning an error wrapping
-// store.ErrConflict. Every call runs under RequestTimeout (or the caller's
+// store.ErrConflict; CommitOrGet (store.Speculator) adds Value(k) = v
+// conditions and reads the keys asked in the transaction's failure branch. Every call runs under RequestTimeout (or the caller's
 // earlier deadline); an unreachable cluster or a timeout wraps
 // store.ErrUnavailable and names the endpoints (and a TLS failure says so);
 // oversized transactions
@@ -141,8 +143,6 @@ func (s *Store) Close() error {
 	return nil
 }
 
-func b64(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
-
 // wire types of the gateway (int64 fields come as strings).
 type kvJSON struct {
 	Key         string `json:"key"`
@@ -195,12 +195,15 @@ func (e *gatewayError) Error() string {
 // call posts body to path on the first endpoint that answers and decodes
 // the answer into out. idempotent says the request may be sent twice (a
 // read); a commit is never sent again after any of it was written.
-func (s *Store) call(ctx context.Context, path string, body, out any, idempotent bool) error {
+func (s *Store) call(ctx context.Context, path string, req, out any, idempotent bool) error {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
-	payload, err := json.Marshal(body)
-	if err != nil {
-		return err
+	payload, encoded := req.(body)
+	if !encoded {
+		var err error
+		if payload, err = json.Marshal(req); err != nil {
+			return err
+		}
 	}
 	if s.cfg.Username != "" && path != "/v3/auth/authenticate" {
 		if err := s.authenticate(ctx); err != nil {
@@ -231,7 +234,7 @@ func (s *Store) call(ctx context.Context, path string, body, out any, idempotent
 			}
 			return s.classify(ctx, ge)
 		}
-		if err := json.Unmarshal(data, out); err != nil {
+		if err := decodeAnswer(data, out); err != nil {
 			return fmt.Errorf("etcd gateway %s%s: undecodable answer: %w", ep.url, path, err)
 		}
 		return nil
@@ -284,30 +287,15 @@ func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
 	var rev string
 	for start := 0; start < len(keys); start += store.MaxOps {
 		end := min(start+store.MaxOps, len(keys))
-		var ops []map[string]any
-		for _, k := range keys[start:end] {
-			r := map[string]any{"key": b64(s.cfg.Prefix + k)}
-			if rev != "" {
-				r["revision"] = rev
-			}
-			ops = append(ops, map[string]any{"request_range": r})
-		}
 		var resp txnResp
-		if err := s.call(ctx, "/v3/kv/txn", map[string]any{"success": ops}, &resp, true); err != nil {
+		if err := s.call(ctx, "/v3/kv/txn", s.getBody(keys[start:end], rev), &resp, true); err != nil {
 			return nil, fmt.Errorf("get: %w", err)
 		}
 		if rev == "" {
 			rev = resp.Header.Revision
 		}
-		for i, r := range resp.Responses {
-			if r.ResponseRange == nil || len(r.ResponseRange.Kvs) == 0 {
-				continue
-			}
-			kv, err := s.decodeKV(r.ResponseRange.Kvs[0])
-			if err != nil {
-				return nil, err
-			}
-			out[start+i].Value, out[start+i].Revision = kv.Value, kv.Revision
+		if err := s.fill(out[start:end], resp); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil
@@ -330,12 +318,8 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 		}
 		// No sort_order: a range comes back in key order already, and an
 		// explicit sort makes etcd 3.4 read the whole range for every page.
-		req := map[string]any{"key": b64(key), "range_end": b64(end), "limit": page}
-		if rev != "" {
-			req["revision"] = rev
-		}
 		var resp rangeResp
-		if err := s.call(ctx, "/v3/kv/range", req, &resp, true); err != nil {
+		if err := s.call(ctx, "/v3/kv/range", s.scanBody(key, end, page, rev), &resp, true); err != nil {
 			return nil, fmt.Errorf("scan: %w", err)
 		}
 		if rev == "" {
@@ -360,25 +344,8 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 	if err := store.CheckCommit(conds, ops); err != nil {
 		return fmt.Errorf("etcd store: %w", err)
 	}
-	var cmps []map[string]any
-	for _, c := range conds {
-		k := b64(s.cfg.Prefix + c.Key)
-		if c.Revision == 0 {
-			cmps = append(cmps, map[string]any{"key": k, "target": "VERSION", "result": "EQUAL", "version": "0"})
-		} else {
-			cmps = append(cmps, map[string]any{"key": k, "target": "MOD", "result": "EQUAL", "mod_revision": strconv.FormatInt(c.Revision, 10)})
-		}
-	}
-	var writes []map[string]any
-	for _, o := range ops {
-		if o.Delete {
-			writes = append(writes, map[string]any{"request_delete_range": map[string]any{"key": b64(s.cfg.Prefix + o.Key)}})
-		} else {
-			writes = append(writes, map[string]any{"request_put": map[string]any{"key": b64(s.cfg.Prefix + o.Key), "value": base64.StdEncoding.EncodeToString(o.Value)}})
-		}
-	}
 	var resp txnResp
-	if err := s.call(ctx, "/v3/kv/txn", map[string]any{"compare": cmps, "success": writes}, &resp, false); err != nil {
+	if err := s.call(ctx, "/v3/kv/txn", s.txnBody(conds, nil, ops, nil), &resp, false); err != nil {
 		return fmt.Errorf("commit: %w", err)
 	}
 	if !resp.Succeeded {
@@ -387,11 +354,50 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 	return nil
 }
 
+// CommitOrGet implements store.Speculator: one transaction whose failure
+// branch reads the keys of read.
+func (s *Store) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+	if err := store.CheckSpeculation(conds, same, ops, read); err != nil {
+		return nil, fmt.Errorf("etcd store: %w", err)
+	}
+	out, _, _ := store.StartGet(ctx, read)
+	var resp txnResp
+	if err := s.call(ctx, "/v3/kv/txn", s.txnBody(conds, same, ops, read), &resp, false); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	if resp.Succeeded {
+		return nil, nil
+	}
+	if err := s.fill(out, resp); err != nil {
+		return nil, err
+	}
+	return out, fmt.Errorf("%w (etcd revision %s)", store.ErrConflict, resp.Header.Revision)
+}
+
+// fill sets out's values and revisions from a transaction of range reads,
+// one per entry of out.
+func (s *Store) fill(out []store.KV, resp txnResp) error {
+	for i, r := range resp.Responses {
+		if i >= len(out) {
+			return fmt.Errorf("etcd gateway: %d answers to %d reads", len(resp.Responses), len(out))
+		}
+		if r.ResponseRange == nil || len(r.ResponseRange.Kvs) == 0 {
+			continue
+		}
+		kv, err := s.decodeKV(r.ResponseRange.Kvs[0])
+		if err != nil {
+			return err
+		}
+		out[i].Value, out[i].Revision = kv.Value, kv.Revision
+	}
+	return nil
+}
+
 // Ping checks that the cluster answers a linearizable read within the
 // request timeout.
 func (s *Store) Ping(ctx context.Context) error {
 	var resp rangeResp
-	if err := s.call(ctx, "/v3/kv/range", map[string]any{"key": b64(s.cfg.Prefix + "\x00ping")}, &resp, true); err != nil {
+	if err := s.call(ctx, "/v3/kv/range", s.scanBody(s.cfg.Prefix+"\x00ping", "", 0, ""), &resp, true); err != nil {
 		return fmt.Errorf("ping: %w", err)
 	}
 	return nil

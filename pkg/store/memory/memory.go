@@ -5,6 +5,7 @@
 package memory
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sort"
@@ -37,12 +38,7 @@ func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := make([]store.KV, len(keys))
-	for i, k := range keys {
-		e := s.data[k]
-		out[i] = store.KV{Key: k, Value: clone(e.value), Revision: e.rev}
-	}
-	return out, nil
+	return s.getLocked(keys), nil
 }
 
 // Scan implements store.Store.
@@ -84,6 +80,11 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 			return fmt.Errorf("%w: key %q", store.ErrConflict, c.Key)
 		}
 	}
+	s.applyLocked(ops)
+	return nil
+}
+
+func (s *Store) applyLocked(ops []store.Op) {
 	s.rev++
 	s.commits++
 	for _, o := range ops {
@@ -103,7 +104,39 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 		}
 		s.data[o.Key] = entry{value: clone(o.Value), rev: s.rev}
 	}
-	return nil
+}
+
+// CommitOrGet implements store.Speculator.
+func (s *Store) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := store.CheckSpeculation(conds, same, ops, read); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, kv := range same {
+		if e, ok := s.data[kv.Key]; !ok || !bytes.Equal(e.value, kv.Value) {
+			return s.getLocked(read), fmt.Errorf("%w: key %q", store.ErrConflict, kv.Key)
+		}
+	}
+	for _, c := range conds {
+		if s.data[c.Key].rev != c.Revision {
+			return s.getLocked(read), fmt.Errorf("%w: key %q", store.ErrConflict, c.Key)
+		}
+	}
+	s.applyLocked(ops)
+	return nil, nil
+}
+
+func (s *Store) getLocked(keys []string) []store.KV {
+	out := make([]store.KV, len(keys))
+	for i, k := range keys {
+		e := s.data[k]
+		out[i] = store.KV{Key: k, Value: clone(e.value), Revision: e.rev}
+	}
+	return out
 }
 
 // Close implements store.Store.

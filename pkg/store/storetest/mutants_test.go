@@ -24,6 +24,15 @@ type mutant struct {
 	*memory.Store
 	commit func(m *memory.Store, ctx context.Context, conds []store.Cond, ops []store.Op) error
 	scan   func(kvs []store.KV, limit int) []store.KV
+	// speculate replaces CommitOrGet.
+	speculate func(m *memory.Store, ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error)
+}
+
+func (m mutant) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+	if m.speculate != nil {
+		return m.speculate(m.Store, ctx, conds, same, ops, read)
+	}
+	return m.Store.CommitOrGet(ctx, conds, same, ops, read)
 }
 
 func (m mutant) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
@@ -79,6 +88,23 @@ var mutants = map[string]struct {
 			}}
 		},
 		[]string{"ScanOrderBoundsLimit", "ScanBinaryKeysAndPrefixEnd"},
+	},
+	"speculates without checking values": {
+		func() store.Store {
+			return mutant{Store: memory.New(), speculate: func(m *memory.Store, ctx context.Context, conds []store.Cond, _ []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+				return m.CommitOrGet(ctx, conds, nil, ops, read)
+			}}
+		},
+		[]string{"CommitOrGet"},
+	},
+	"speculation answers nothing when it fails": {
+		func() store.Store {
+			return mutant{Store: memory.New(), speculate: func(m *memory.Store, ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+				_, err := m.CommitOrGet(ctx, conds, same, ops, read)
+				return nil, err
+			}}
+		},
+		[]string{"CommitOrGet"},
 	},
 	"no size limit": {
 		func() store.Store {

@@ -100,6 +100,13 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
 			counterRace(t, []store.Store{s}, o.workers, o.perWork)
 		}},
 	}
+	// A backend that can speculate (store.Speculator) keeps that promise too.
+	if _, ok := fresh(t).(store.Speculator); ok {
+		tests = append(tests, struct {
+			name string
+			fn   func(t *testing.T, s store.Store)
+		}{"CommitOrGet", testCommitOrGet})
+	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, fresh(t)) })
 	}
@@ -310,6 +317,61 @@ func testStaleAtomic(t *testing.T, s store.Store) {
 	want := []view{{"a", "a2"}, {"b", "b1"}, {"new", "n"}}
 	if diff := cmp.Diff(want, views(mustScan(t, s, "", "\xff", 0))); diff != "" {
 		t.Errorf("after fresh commit (-want +got):\n%s", diff)
+	}
+}
+
+// testCommitOrGet: a commit on believed values applies when the beliefs and
+// the revision conditions hold; when any fails it writes nothing and
+// answers the keys to read as Get answers them.
+func testCommitOrGet(t *testing.T, s store.Store) {
+	ctx := ctxFor(t)
+	sp := s.(store.Speculator)
+	mustCommit(t, s, nil, store.Put("a", []byte("a0")), store.Put("b", []byte("b0")))
+	read := []string{"a", "b", "c"}
+	// Right beliefs, c absent as required: applied, nothing returned.
+	kvs, err := sp.CommitOrGet(ctx, []store.Cond{{Key: "c"}},
+		[]store.KV{{Key: "a", Value: []byte("a0")}, {Key: "b", Value: []byte("b0"), Revision: 12345}},
+		[]store.Op{store.Put("a", []byte("a1")), store.Put("c", []byte("c1"))}, read)
+	if err != nil || kvs != nil {
+		t.Fatalf("CommitOrGet on right beliefs = %v, %v; want nil, nil", kvs, err)
+	}
+	want := []view{{"a", "a1"}, {"b", "b0"}, {"c", "c1"}}
+	if diff := cmp.Diff(want, views(mustScan(t, s, "", "\xff", 0))); diff != "" {
+		t.Fatalf("after a speculative commit (-want +got):\n%s", diff)
+	}
+	fails := []struct {
+		name  string
+		conds []store.Cond
+		same  []store.KV
+	}{
+		{"a stale value", nil, []store.KV{{Key: "b", Value: []byte("b0")}, {Key: "a", Value: []byte("a0")}}},
+		{"a value of an absent key", nil, []store.KV{{Key: "zz", Value: []byte("")}}},
+		{"a value believed of a key that exists", []store.Cond{{Key: "c"}}, []store.KV{{Key: "a", Value: []byte("a1")}}},
+		{"a stale revision with right values", []store.Cond{{Key: "a", Revision: mustGet(t, s, "a")[0].Revision + 1000}}, []store.KV{{Key: "a", Value: []byte("a1")}}},
+	}
+	for _, f := range fails {
+		before := mustScan(t, s, "", "\xff", 0)
+		kvs, err := sp.CommitOrGet(ctx, f.conds, f.same, []store.Op{store.Put("a", []byte("wrong")), store.Delete("b"), store.Put("d", []byte("d"))}, append(read, "zz"))
+		if !errors.Is(err, store.ErrConflict) {
+			t.Fatalf("%s: err = %v, want ErrConflict", f.name, err)
+		}
+		if diff := cmp.Diff(before, mustScan(t, s, "", "\xff", 0)); diff != "" {
+			t.Fatalf("%s: a failed speculation changed the store (-before +after):\n%s", f.name, diff)
+		}
+		if diff := cmp.Diff(mustGet(t, s, append(read, "zz")...), kvs, cmpopts.EquateEmpty()); diff != "" {
+			t.Fatalf("%s: answered keys differ from Get's (-get +answered):\n%s", f.name, diff)
+		}
+	}
+	// The limits of a commit apply, the keys to read included.
+	many := make([]string, store.MaxOps+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("r%03d", i)
+	}
+	if _, err := sp.CommitOrGet(ctx, nil, nil, []store.Op{store.Put("e", nil)}, many); !errors.Is(err, store.ErrTooLarge) {
+		t.Errorf("reading %d keys: err = %v, want ErrTooLarge", len(many), err)
+	}
+	if _, err := sp.CommitOrGet(ctx, nil, []store.KV{{Key: ""}}, nil, nil); err == nil || errors.Is(err, store.ErrConflict) {
+		t.Errorf("a belief about the empty key: err = %v, want a refusal", err)
 	}
 }
 
