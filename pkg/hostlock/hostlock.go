@@ -7,7 +7,9 @@
 // held by an open file description, so it also serialises goroutines of one
 // process that each call Lock. Locks vanish when the holder exits (with
 // LockWithChildren: once the children it started meanwhile have exited
-// too), so a crashed process never leaves a stale lock behind.
+// too), so a crashed process never leaves a stale lock behind. Beside each
+// lock a note may be kept (ReadNote, WriteNote) for the lock's next holder:
+// a hint that is never synced and that its reader must validate.
 //
 // The zero Dir is not usable; an empty directory name is an error.
 package hostlock
@@ -16,6 +18,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -154,5 +157,54 @@ func Flock(ctx context.Context, f *os.File, how int) error {
 		return err
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// maxNote bounds what ReadNote reads: a note is a small record, and a file
+// larger than this is not one.
+const maxNote = 4 << 20
+
+// ReadNote returns the note called name kept in d by WriteNote, or nil when
+// there is none (or it cannot be read, or is larger than 4 MiB).
+func (d Dir) ReadNote(name string) []byte {
+	if d == "" || name == "" || strings.ContainsAny(name, "/\x00") {
+		return nil
+	}
+	f, err := openFile(filepath.Join(string(d), name+".note"), os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxNote+1))
+	if err != nil || len(b) > maxNote {
+		return nil
+	}
+	return b
+}
+
+// WriteNote keeps note under name in d, beside the lock of the same name,
+// for that lock's next holder: only the holder of a lock should read or
+// write its note. A note is a hint: it is not synced, a failure to write
+// it is ignored, and a note cut short or mixed with its predecessor by a
+// crash must be recognisable as such by its reader.
+//
+// The note is written over the old one in place and the file then cut to
+// its length, never truncated to nothing first: on ext4 (a /run that is
+// not a tmpfs) a file truncated to zero and written again is flushed to
+// the disk when closed, which would cost every call a disk write.
+func (d Dir) WriteNote(name string, note []byte) {
+	if d == "" || name == "" || strings.ContainsAny(name, "/\x00") {
+		return
+	}
+	f, err := openFile(filepath.Join(string(d), name+".note"), os.O_WRONLY|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	if errors.Is(err, os.ErrNotExist) && os.MkdirAll(string(d), 0o700) == nil {
+		f, err = openFile(filepath.Join(string(d), name+".note"), os.O_WRONLY|os.O_CREATE|unix.O_CLOEXEC, 0o600)
+	}
+	if err != nil {
+		return
+	}
+	defer f.Close()
+	if _, err := f.WriteAt(note, 0); err == nil {
+		_ = f.Truncate(int64(len(note)))
 	}
 }

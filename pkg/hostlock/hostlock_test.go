@@ -260,3 +260,34 @@ func TestLockWithChildrenOutlivesAKilledHolder(t *testing.T) {
 		})
 	}
 }
+
+// A note reads back as last written, a shorter one over a longer one
+// included (it is written in place, then cut), and is kept beside its
+// lock; bad names and missing notes read as nil.
+func TestNotes(t *testing.T) {
+	d := Dir(filepath.Join(t.TempDir(), "locks")) // created on the first write
+	if got := d.ReadNote("p@h"); got != nil {
+		t.Fatalf("missing note = %q, want nil", got)
+	}
+	long := []byte(strings.Repeat("long note ", 100))
+	d.WriteNote("p@h", long)
+	if got := d.ReadNote("p@h"); string(got) != string(long) {
+		t.Fatalf("note = %q, want the long note", got)
+	}
+	d.WriteNote("p@h", []byte("short"))
+	if got := d.ReadNote("p@h"); string(got) != "short" {
+		t.Fatalf("note after a shorter one = %q, want %q", got, "short")
+	}
+	if _, err := os.Stat(filepath.Join(string(d), "p@h.note")); err != nil {
+		t.Fatalf("note not beside the locks: %v", err)
+	}
+	for _, bad := range []string{"", "a/b", "a\x00b"} {
+		d.WriteNote(bad, []byte("x"))
+		if got := d.ReadNote(bad); got != nil {
+			t.Errorf("note %q = %q, want nil", bad, got)
+		}
+	}
+	if got := Dir("").ReadNote("p@h"); got != nil {
+		t.Errorf("note in no directory = %q", got)
+	}
+}

@@ -63,14 +63,37 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 	defer unlock()
 	var p plan
 	err = a.run(ctx, func(attempt int) error {
-		snap, err := a.read(ctx, req, defs)
+		var answered []store.KV
+		if attempt == 0 {
+			onNotes, snap, done, got, err := a.speculate(ctx, req, defs)
+			if err != nil {
+				return err
+			}
+			if done {
+				p = onNotes
+				a.noteAllocation(snap, p)
+				return nil
+			}
+			answered = got
+		}
+		var snap *snapshot
+		var err error
+		if answered != nil {
+			snap, err = a.decodeSnapshot(ctx, req, defs, answered)
+		} else {
+			snap, err = a.read(ctx, req, defs)
+		}
 		if err != nil {
 			return err
 		}
 		if p, err = a.plan(ctx, snap, req, attempt == 0); err != nil {
 			return err
 		}
-		return a.commit(ctx, p)
+		if err := a.commit(ctx, p); err != nil {
+			return err
+		}
+		a.noteAllocation(snap, p)
+		return nil
 	})
 	if err != nil {
 		return Allocation{}, err
@@ -204,17 +227,13 @@ func (k *keyset) add(keys ...string) {
 
 func (k *keyset) kv(kvs []store.KV, key string) store.KV { return kvs[k.at[key]] }
 
-// read fetches and decodes the state one allocation decides on, in one round
-// trip (a second only when the request records a new pool, for the
-// registry). defs are the canonical definitions the request carries.
-func (a *Allocator) read(ctx context.Context, req Request, defs map[string]Def) (*snapshot, error) {
+// readKeys are the keys of an allocation's first read, and the wanted pools
+// in request order.
+func (a *Allocator) readKeys(req Request) (keyset, []string) {
 	var ks keyset
-	ownerK := ownerKey(req.Owner)
-	ks.add(ownerK)
-	resvK := ""
+	ks.add(ownerKey(req.Owner))
 	if req.Reservation != "" {
-		resvK = resvKey(req.Owner.Kind, req.Owner.Network, req.Reservation)
-		ks.add(resvK)
+		ks.add(resvKey(req.Owner.Kind, req.Owner.Network, req.Reservation))
 	}
 	var pools []string
 	for _, w := range req.Wants {
@@ -223,10 +242,26 @@ func (a *Allocator) read(ctx context.Context, req Request, defs map[string]Def) 
 			ks.add(defKey(w.Pool), ringKey(w.Pool), hostKey(w.Pool, a.host))
 		}
 	}
+	return ks, pools
+}
+
+// read fetches and decodes the state one allocation decides on, in one round
+// trip (a second only when the request records a new pool, for the
+// registry). defs are the canonical definitions the request carries.
+func (a *Allocator) read(ctx context.Context, req Request, defs map[string]Def) (*snapshot, error) {
+	ks, _ := a.readKeys(req)
 	kvs, err := a.get(ctx, ks.keys...)
 	if err != nil {
 		return nil, err
 	}
+	return a.decodeSnapshot(ctx, req, defs, kvs)
+}
+
+// decodeSnapshot decodes kvs, read (or believed) at the keys of readKeys in
+// their order.
+func (a *Allocator) decodeSnapshot(ctx context.Context, req Request, defs map[string]Def, kvs []store.KV) (*snapshot, error) {
+	ks, pools := a.readKeys(req)
+	ownerK := ownerKey(req.Owner)
 	s := &snapshot{ownerKV: ks.kv(kvs, ownerK)}
 	s.held = Allocation{Owner: req.Owner, Host: a.host, Reservation: req.Reservation}
 	if s.ownerKV.Exists() {
@@ -235,14 +270,15 @@ func (a *Allocator) read(ctx context.Context, req Request, defs map[string]Def) 
 		}
 		s.exists = true
 	}
-	if resvK != "" {
-		s.resvKV = ks.kv(kvs, resvK)
+	if req.Reservation != "" {
+		s.resvKV = ks.kv(kvs, resvKey(req.Owner.Kind, req.Owner.Network, req.Reservation))
 		if s.resvKV.Exists() {
 			if err := json.Unmarshal(s.resvKV.Value, &s.resv); err != nil {
 				return nil, fmt.Errorf("reservation %s: corrupt: %w", req.Reservation, err)
 			}
 		}
 	}
+	var err error
 	for _, p := range pools {
 		t := &poolTxn{name: p, defKV: ks.kv(kvs, defKey(p)), ringKV: ks.kv(kvs, ringKey(p)), hostKV: ks.kv(kvs, hostKey(p, a.host)), taken: map[u128]bool{}}
 		given, hasGiven := defs[p]

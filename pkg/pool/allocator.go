@@ -26,6 +26,7 @@ type Allocator struct {
 	locks   keyedMutex
 	hostLk  HostLocker
 	hold    time.Duration
+	notes   NoteKeeper
 	stats   Stats
 	// layoutOK is set once a read saw this code's store layout, so later
 	// reads need not ask again (see get).

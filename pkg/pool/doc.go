@@ -46,4 +46,13 @@
 // wrapped (store.ErrUnavailable). Nothing is
 // half-written: a failed commit writes nothing. An Allocator is safe for
 // concurrent use.
+//
+// An allocation reads, then commits: two round trips. With WithNotes, on a
+// store that can speculate (store.Speculator: etcd), a host keeps a note
+// per pool of what its last allocation or release there left (the
+// definition, the ring, its host state) and the next allocation plans on
+// the note and commits in one round trip, conditioned on the note's values
+// (notes.go). A note that no longer holds costs nothing more than the read
+// it replaced: the failed commit answers the store's state, and the
+// allocation goes on from it. Notes change round trips, never decisions.
 package pool

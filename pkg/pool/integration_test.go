@@ -56,15 +56,17 @@ func TestPropertyEtcd(t *testing.T) {
 	srv := testenv.StartEtcd(t)
 	seed := propertySeed()
 	for _, tc := range []struct {
-		name string
-		def  Def
+		name  string
+		def   Def
+		notes bool
 	}{
-		{"v4-small", v4Def("small", "198.18.0.0/26")},
-		{"v4", v4Def("v4", "198.18.4.0/22")},
-		{"v6-48", Def{Name: "v6", Ranges: []Range{{Subnet: mustPrefix("2001:db8:1::/48")}}}},
+		{"v4-small", v4Def("small", "198.18.0.0/26"), false},
+		{"v4", v4Def("v4", "198.18.4.0/22"), false},
+		{"v6-48", Def{Name: "v6", Ranges: []Range{{Subnet: mustPrefix("2001:db8:1::/48")}}}, false},
+		{"v4-small-notes", v4Def("small", "198.18.0.0/26"), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			runProperty(t, openEtcd(t, srv, "/prop-"+tc.name+"/"), tc.def, propertyConfig{hosts: 4, workers: 8, steps: 40, seed: seed})
+			runProperty(t, openEtcd(t, srv, "/prop-"+tc.name+"/"), tc.def, propertyConfig{hosts: 4, workers: 8, steps: 40, seed: seed, notes: tc.notes})
 		})
 	}
 }

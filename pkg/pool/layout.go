@@ -33,23 +33,34 @@ func (a *Allocator) get(ctx context.Context, keys ...string) ([]store.KV, error)
 	if err != nil {
 		return nil, err
 	}
-	lv := kvs[len(kvs)-1]
-	kvs = kvs[:len(kvs)-1]
-	switch v := string(lv.Value); {
-	case v == layoutVersion:
-		a.layoutOK.Store(true)
-		return kvs, nil
-	case lv.Exists():
-		return nil, fmt.Errorf("%w: the store has layout %q, this ringipam reads %q: upgrade ringipam", ErrLayout, v, layoutVersion)
-	}
-	if err := a.run(ctx, func(int) error { return a.migrate(ctx) }); err != nil {
-		return nil, fmt.Errorf("migrating the store to layout %s: %w", layoutVersion, err)
-	}
-	a.layoutOK.Store(true)
-	if len(keys) == 0 {
+	migrated, err := a.layoutRead(ctx, kvs[len(kvs)-1])
+	switch {
+	case err != nil:
+		return nil, err
+	case !migrated:
+		return kvs[:len(kvs)-1], nil
+	case len(keys) == 0:
 		return []store.KV{}, nil
 	}
 	return a.st.Get(ctx, keys...)
+}
+
+// layoutRead acts on the layout version lv as read: this code's layout is
+// remembered; a newer one is an error; none (an empty store, or version 1)
+// is migrated, and then what was read with it is stale (migrated true).
+func (a *Allocator) layoutRead(ctx context.Context, lv store.KV) (migrated bool, err error) {
+	switch v := string(lv.Value); {
+	case v == layoutVersion:
+		a.layoutOK.Store(true)
+		return false, nil
+	case lv.Exists():
+		return false, fmt.Errorf("%w: the store has layout %q, this ringipam reads %q: upgrade ringipam", ErrLayout, v, layoutVersion)
+	}
+	if err := a.run(ctx, func(int) error { return a.migrate(ctx) }); err != nil {
+		return false, fmt.Errorf("migrating the store to layout %s: %w", layoutVersion, err)
+	}
+	a.layoutOK.Store(true)
+	return true, nil
 }
 
 // ensureLayout makes sure the store has this code's layout (for operations

@@ -62,6 +62,8 @@ type Stats struct {
 	claims      atomic.Int64
 	strayErrors atomic.Int64
 	unavailable atomic.Int64
+	onNotes     atomic.Int64
+	notesWrong  atomic.Int64
 }
 
 // StatsSnapshot is a copy of Stats.
@@ -75,10 +77,14 @@ type StatsSnapshot struct {
 	// Unavailable counts store calls that failed as unreachable or timed
 	// out and were retried within the caller's deadline.
 	Unavailable int64
+	// OnNotes counts allocations committed in one round trip on this
+	// host's notes (WithNotes); NotesWrong those whose notes no longer held
+	// (the store's answer then served as their read).
+	OnNotes, NotesWrong int64
 }
 
 func (s *Stats) conflict() { s.conflicts.Add(1) }
 
 func (s *Stats) snapshot() StatsSnapshot {
-	return StatsSnapshot{Conflicts: s.conflicts.Load(), Commits: s.commits.Load(), Claims: s.claims.Load(), StrayErrors: s.strayErrors.Load(), Unavailable: s.unavailable.Load()}
+	return StatsSnapshot{Conflicts: s.conflicts.Load(), Commits: s.commits.Load(), Claims: s.claims.Load(), StrayErrors: s.strayErrors.Load(), Unavailable: s.unavailable.Load(), OnNotes: s.onNotes.Load(), NotesWrong: s.notesWrong.Load()}
 }

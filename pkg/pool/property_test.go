@@ -32,6 +32,9 @@ func propertySeed() uint64 {
 type propertyConfig struct {
 	hosts, workers, steps int
 	seed                  uint64
+	// notes gives each host's workers the notes of its lock directory
+	// (WithNotes), as ipam-ring's processes share them.
+	notes bool
 }
 
 // liveSet mirrors which owner holds which address, as seen by the workers.
@@ -75,8 +78,12 @@ func runProperty(t *testing.T, st store.Store, def Def, cfg propertyConfig) {
 		for range cfg.workers {
 			// The plugin's contention policy: 32 workers starting at once
 			// on a fresh ring all claim in their first step.
-			a, err := New(st, fmt.Sprintf("host-%d", h), WithHostLock(lockDir),
-				WithRetry(retry.Policy{Attempts: 50, BaseDelay: time.Millisecond, MaxDelay: 80 * time.Millisecond}))
+			opts := []Option{WithHostLock(lockDir),
+				WithRetry(retry.Policy{Attempts: 50, BaseDelay: time.Millisecond, MaxDelay: 80 * time.Millisecond})}
+			if cfg.notes {
+				opts = append(opts, WithNotes(lockDir))
+			}
+			a, err := New(st, fmt.Sprintf("host-%d", h), opts...)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -113,13 +120,18 @@ func runProperty(t *testing.T, st store.Store, def Def, cfg propertyConfig) {
 	for err := range errs {
 		t.Error(err)
 	}
-	var conflicts int64
+	var conflicts, onNotes, notesWrong int64
 	for _, workers := range hosts {
 		for _, a := range workers {
 			conflicts += a.Stats().Conflicts
+			onNotes += a.Stats().OnNotes
+			notesWrong += a.Stats().NotesWrong
 		}
 	}
-	t.Logf("store conflicts retried: %d", conflicts)
+	t.Logf("store conflicts retried: %d; allocations on notes: %d, on wrong notes: %d", conflicts, onNotes, notesWrong)
+	if cfg.notes && (onNotes == 0 || notesWrong == 0) {
+		t.Errorf("with notes: %d allocations on notes and %d on wrong ones; the run exercised neither or only one", onNotes, notesWrong)
+	}
 	bad, err := hosts[0][0].Check(ctx, def.Name)
 	if err != nil {
 		t.Fatal(err)
@@ -213,15 +225,18 @@ func checkCoverage(r Ring, segs []span, is4 bool) error {
 func TestPropertyMemory(t *testing.T) {
 	seed := propertySeed()
 	for _, tc := range []struct {
-		name string
-		def  Def
+		name  string
+		def   Def
+		notes bool
 	}{
-		{"small-v4", v4Def("small", "198.18.0.0/26")},
-		{"v4", v4Def("v4", "198.18.0.0/22")},
-		{"v6", Def{Name: "v6", Ranges: []Range{{Subnet: mustPrefix("2001:db8::/120")}}}},
+		{"small-v4", v4Def("small", "198.18.0.0/26"), false},
+		{"v4", v4Def("v4", "198.18.0.0/22"), false},
+		{"v6", Def{Name: "v6", Ranges: []Range{{Subnet: mustPrefix("2001:db8::/120")}}}, false},
+		{"small-v4-notes", v4Def("small", "198.18.0.0/26"), true},
+		{"v4-notes", v4Def("v4", "198.18.0.0/22"), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			runProperty(t, memory.New(), tc.def, propertyConfig{hosts: 4, workers: 8, steps: 60, seed: seed})
+			runProperty(t, memory.New(), tc.def, propertyConfig{hosts: 4, workers: 8, steps: 60, seed: seed, notes: tc.notes})
 		})
 	}
 }

@@ -212,6 +212,9 @@ func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, known map[st
 		return Allocation{}, false, err
 	}
 	a.stats.commits.Add(1)
+	if rec.Host == a.host {
+		a.noteRelease(pools, ops)
+	}
 	return rec, true, nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/retry"
 	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
 // SupportedVersions are the CNI spec versions ipam-ring speaks.
@@ -135,8 +136,14 @@ func OpenAllocator(ctx context.Context, c *Config) (Allocator, func() error, err
 // newAllocator is the pool allocator of c on the open store st, queueing
 // this host's callers on locks (for a store that cannot be held).
 func newAllocator(st store.Store, c *Config, locks pool.HostLocker) (*pool.Allocator, error) {
-	a, err := pool.New(st, c.Host, pool.WithTimeout(c.Timeout), pool.WithRetry(contentionRetry()),
-		pool.WithHostLock(locks), pool.WithReservationHold(c.ReservationHold))
+	opts := []pool.Option{pool.WithTimeout(c.Timeout), pool.WithRetry(contentionRetry()),
+		pool.WithHostLock(locks), pool.WithReservationHold(c.ReservationHold)}
+	if notes, ok := locks.(pool.NoteKeeper); ok && c.Store.Type == storeconfig.TypeEtcd {
+		// The notes of one etcd cluster (and prefix): configurations
+		// naming another keep their own, rather than spoiling these.
+		opts = append(opts, pool.WithNotes(clusterNotes{notes, clusterTag(c.Store)}))
+	}
+	a, err := pool.New(st, c.Host, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("%w: host %q: %w", ErrBadConfig, c.Host, err)
 	}

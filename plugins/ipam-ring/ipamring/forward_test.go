@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -225,4 +226,61 @@ func TestForwardLostAgent(t *testing.T) {
 	if !errors.As(err, &te) || te.Code != types.ErrTryAgainLater || opened.Load() != 1 {
 		t.Fatalf("ADD with a hung agent: %v (store opened %d times), want code 11 and no call here", err, opened.Load())
 	}
+}
+
+// On etcd the plugin keeps a note per pool beside the pool's host lock,
+// tagged with the cluster, and its next ADD commits in one round trip on
+// it; on the local store it keeps none.
+func TestEtcdADDsKeepNotes(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		conf  []byte
+		notes int
+	}{
+		{"etcd", etcdConf("off", ""), 1},
+		{"another etcd prefix", etcdConf("off", "/other/"), 1},
+		{"local", conf(`{"host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}]],"store":{"type":"local","path":"/nonexistent/s.db"}}`), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			locks := hostlock.Dir(t.TempDir())
+			st := &speculationCounter{Store: memory.New()}
+			var out bytes.Buffer
+			var opened atomic.Int32
+			e := directOn(st, locks, &out, &opened)
+			for _, id := range []string{"c1", "c2", "c3"} {
+				if err := e.Add(&skel.CmdArgs{ContainerID: id, IfName: "eth0", Netns: "/x", StdinData: tc.conf}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			notes, _ := filepath.Glob(filepath.Join(string(locks), "*.note"))
+			if len(notes) != tc.notes {
+				t.Fatalf("notes %v, want %d", notes, tc.notes)
+			}
+			if want := int32(2 * tc.notes); st.speculated.Load() != want {
+				t.Fatalf("%d ADDs committed on notes, want %d", st.speculated.Load(), want)
+			}
+			if tc.notes == 1 && !strings.Contains(notes[0], "@h1.") {
+				t.Fatalf("note %s is not named after the pool and host, with a cluster tag", notes[0])
+			}
+		})
+	}
+	a, b := clusterTag(storeconfig.Config{Type: "etcd", Endpoints: []string{"http://a:2379", "http://b:2379"}}),
+		clusterTag(storeconfig.Config{Type: "etcd", Endpoints: []string{"http://b:2379", "http://a:2379"}})
+	if c := clusterTag(storeconfig.Config{Type: "etcd", Endpoints: []string{"http://a:2379"}, Prefix: "/x/"}); a != b || a == c {
+		t.Fatalf("cluster tags %s %s %s: want the first two equal (endpoints in any order), the third different", a, b, c)
+	}
+}
+
+// speculationCounter counts the commits made on notes.
+type speculationCounter struct {
+	*memory.Store
+	speculated atomic.Int32
+}
+
+func (s *speculationCounter) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+	kvs, err := s.Store.CommitOrGet(ctx, conds, same, ops, read)
+	if err == nil {
+		s.speculated.Add(1)
+	}
+	return kvs, err
 }

@@ -3,7 +3,11 @@ package ipamring
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"slices"
 
+	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
@@ -28,4 +32,32 @@ func parseStore(raw json.RawMessage) (storeSettings, error) {
 // network or the file here: the first store call does, under ctx.
 func openStore(_ context.Context, s storeSettings) (store.Store, error) {
 	return storeconfig.Open(s)
+}
+
+// clusterNotes keeps the pool notes (pool.WithNotes) of one store under
+// names tagged with it, beside the host locks of the same pools.
+type clusterNotes struct {
+	notes pool.NoteKeeper
+	tag   string
+}
+
+func (n clusterNotes) ReadNote(name string) []byte { return n.notes.ReadNote(name + "." + n.tag) }
+
+func (n clusterNotes) WriteNote(name string, note []byte) {
+	n.notes.WriteNote(name+"."+n.tag, note)
+}
+
+// clusterTag names an etcd store's cluster and prefix in eight hex digits:
+// its endpoints in any order, as the agent compares them.
+func clusterTag(s storeSettings) string {
+	id := s.Identity()
+	eps := slices.Clone(id.Endpoints)
+	slices.Sort(eps)
+	h := fnv.New32a()
+	h.Write([]byte(id.Prefix))
+	for _, e := range eps {
+		h.Write([]byte{0})
+		h.Write([]byte(e))
+	}
+	return fmt.Sprintf("%08x", h.Sum32())
 }

@@ -1,0 +1,337 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/memory"
+)
+
+// memNotes is a NoteKeeper in a map.
+type memNotes struct {
+	mu    sync.Mutex
+	notes map[string][]byte
+}
+
+func (m *memNotes) ReadNote(name string) []byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.notes[name]
+}
+
+func (m *memNotes) WriteNote(name string, note []byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.notes == nil {
+		m.notes = map[string][]byte{}
+	}
+	m.notes[name] = note
+}
+
+// callLog lists the round trips made to a memory store, by kind.
+type callLog struct {
+	*memory.Store
+	mu    sync.Mutex
+	calls []string
+}
+
+func (c *callLog) count(what string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls = append(c.calls, what)
+}
+
+func (c *callLog) take() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.calls
+	c.calls = nil
+	return out
+}
+
+func (c *callLog) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
+	c.count("get")
+	return c.Store.Get(ctx, keys...)
+}
+
+func (c *callLog) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
+	c.count("scan")
+	return c.Store.Scan(ctx, from, to, limit)
+}
+
+func (c *callLog) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
+	c.count("commit")
+	return c.Store.Commit(ctx, conds, ops)
+}
+
+func (c *callLog) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+	c.count("commit-or-get")
+	return c.Store.CommitOrGet(ctx, conds, same, ops, read)
+}
+
+func TestNotesAllocateInOneRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	st := &callLog{Store: memory.New()}
+	notes := &memNotes{}
+	a, err := New(st, "h1", WithNotes(notes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := v4Def("p", "198.18.0.0/24")
+	alloc := func(id string) netip.Addr {
+		t.Helper()
+		got, err := a.Allocate(ctx, Request{Owner: own(id), Wants: ipWant("p"), Defs: []Def{def}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got.Addrs[0].Addr
+	}
+	// The first allocation has no note: read, then commit (the pool's
+	// definition recorded, the registry read for it).
+	alloc("c1")
+	if calls := st.take(); calls[0] != "get" || calls[len(calls)-1] != "commit" {
+		t.Fatalf("first allocation: %v, want a read first and a commit last", calls)
+	}
+	if notes.ReadNote("p@h1") == nil {
+		t.Fatal("no note after the first allocation")
+	}
+	for i, want := range []string{"198.18.0.2", "198.18.0.3", "198.18.0.4"} {
+		if got := alloc(fmt.Sprintf("c%d", i+2)); got != mustAddr(want) {
+			t.Fatalf("allocation %d on the note: %s, want %s", i+2, got, want)
+		}
+		if diff := cmp.Diff([]string{"commit-or-get"}, st.take()); diff != "" {
+			t.Fatalf("allocation %d on the note: round trips (-want +got):\n%s", i+2, diff)
+		}
+	}
+	// A release here keeps the note true: the next allocation still needs
+	// one round trip, and the round robin goes on.
+	if _, ok, err := a.ReleaseWith(ctx, own("c2"), ReleaseHint{Pools: []string{"p"}}); err != nil || !ok {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	st.take()
+	if got := alloc("c5"); got != mustAddr("198.18.0.5") {
+		t.Fatalf("after a release: %s, want 198.18.0.5", got)
+	}
+	if diff := cmp.Diff([]string{"commit-or-get"}, st.take()); diff != "" {
+		t.Fatalf("after a release: round trips (-want +got):\n%s", diff)
+	}
+	// An owner that already holds its address: the belief that it is
+	// absent fails, and the answer serves as the read (no commit).
+	if got := alloc("c3"); got != mustAddr("198.18.0.3") {
+		t.Fatalf("repeated allocation: %s, want 198.18.0.3", got)
+	}
+	if diff := cmp.Diff([]string{"commit-or-get"}, st.take()); diff != "" {
+		t.Fatalf("repeated allocation: round trips (-want +got):\n%s", diff)
+	}
+	if s := a.Stats(); s.OnNotes != 4 || s.NotesWrong != 1 || s.Conflicts != 0 {
+		t.Fatalf("stats %+v, want 4 on notes, 1 wrong, no conflict", s)
+	}
+}
+
+// Wrong notes cost a round trip, never a wrong address: each case below
+// leaves host h1 a note that no longer (or never did) describe the store.
+func TestWrongNotesAreOnlyARoundTrip(t *testing.T) {
+	ctx := context.Background()
+	def := v4Def("p", "198.18.0.0/28")
+	other := v4Def("p", "198.18.1.0/28") // the same name in another store
+	cases := []struct {
+		name      string
+		spoil     func(t *testing.T, st *callLog, notes *memNotes)
+		wantCalls []string
+	}{
+		{"another host claimed space", func(t *testing.T, st *callLog, _ *memNotes) {
+			b, err := New(st, "h2")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Allocate(ctx, Request{Owner: own("b1"), Wants: ipWant("p")}); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"commit-or-get", "commit"}},
+		{"a note of another store", func(t *testing.T, _ *callLog, notes *memNotes) {
+			x, err := New(memory.New(), "h1", WithNotes(notes))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 5 {
+				if _, err := x.Allocate(ctx, Request{Owner: own(fmt.Sprint("x", i)), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}, []string{"commit-or-get", "commit"}},
+		{"a note of another definition", func(t *testing.T, _ *callLog, notes *memNotes) {
+			x, err := New(memory.New(), "h1", WithNotes(notes))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := x.Allocate(ctx, Request{Owner: own("x"), Wants: ipWant("p"), Defs: []Def{other}}); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"get", "commit"}},
+		{"this host's state changed behind the note", func(t *testing.T, st *callLog, _ *memNotes) {
+			b, err := New(st, "h1") // another process without notes
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := b.Allocate(ctx, Request{Owner: own("b1"), Wants: ipWant("p")}); err != nil {
+				t.Fatal(err)
+			}
+		}, []string{"commit-or-get", "commit"}},
+		{"a torn note", func(t *testing.T, _ *callLog, notes *memNotes) {
+			n := notes.ReadNote("p@h1")
+			notes.WriteNote("p@h1", n[:len(n)-3])
+		}, []string{"get", "commit"}},
+		{"garbage", func(t *testing.T, _ *callLog, notes *memNotes) {
+			notes.WriteNote("p@h1", []byte("ringipam pool note 1\n3\nabc\n-\n-\nend\n"))
+		}, []string{"get", "commit"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &callLog{Store: memory.New()}
+			notes := &memNotes{}
+			a, err := New(st, "h1", WithNotes(notes))
+			if err != nil {
+				t.Fatal(err)
+			}
+			held := map[netip.Addr]string{}
+			alloc := func(id string) {
+				t.Helper()
+				got, err := a.Allocate(ctx, Request{Owner: own(id), Wants: ipWant("p"), Defs: []Def{def}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				addr := got.Addrs[0].Addr
+				if !def.Ranges[0].Subnet.Contains(addr) || held[addr] != "" {
+					t.Fatalf("%s got %s: outside the pool or already held by %q", id, addr, held[addr])
+				}
+				held[addr] = id
+			}
+			alloc("c1")
+			alloc("c2")
+			tc.spoil(t, st, notes)
+			st.take()
+			alloc("c3")
+			if diff := cmp.Diff(tc.wantCalls, st.take()); diff != "" {
+				t.Errorf("round trips (-want +got):\n%s", diff)
+			}
+			// The store is whole, and the next allocation is on the note again.
+			alloc("c4")
+			if diff := cmp.Diff([]string{"commit-or-get"}, st.take()); diff != "" {
+				t.Errorf("next allocation: round trips (-want +got):\n%s", diff)
+			}
+			bad, err := a.Check(ctx, "p")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range bad {
+				t.Errorf("invariant: %s", b)
+			}
+		})
+	}
+}
+
+// On the same sequence of allocations and releases by two hosts, an
+// allocator with notes leaves the store exactly as one without: notes
+// change the round trips, never the decisions.
+func TestNotesDecideAsReads(t *testing.T) {
+	ctx := context.Background()
+	clock := func() time.Time { return time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC) }
+	def := v4Def("p", "198.18.0.0/25")
+	run := func(withNotes bool) ([]store.KV, StatsSnapshot) {
+		st := memory.New()
+		var hosts []*Allocator
+		for _, h := range []string{"h1", "h2"} {
+			opts := []Option{WithClock(clock)}
+			if withNotes {
+				opts = append(opts, WithNotes(&memNotes{}))
+			}
+			a, err := New(st, h, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			hosts = append(hosts, a)
+		}
+		rng := rand.New(rand.NewPCG(7, 11))
+		var live [2][]Owner
+		for step := range 400 {
+			h := rng.IntN(2)
+			a := hosts[h]
+			if len(live[h]) > 0 && rng.IntN(3) == 0 {
+				i := rng.IntN(len(live[h]))
+				hint := ReleaseHint{}
+				if rng.IntN(2) == 0 {
+					hint.Pools = []string{"p"}
+				}
+				if _, _, err := a.ReleaseWith(ctx, live[h][i], hint); err != nil {
+					t.Fatal(err)
+				}
+				live[h] = append(live[h][:i], live[h][i+1:]...)
+				continue
+			}
+			o := own(fmt.Sprintf("s%d", step))
+			if len(live[h]) > 0 && rng.IntN(5) == 0 {
+				o = live[h][rng.IntN(len(live[h]))] // a repeated ADD
+			} else {
+				live[h] = append(live[h], o)
+			}
+			if _, err := a.Allocate(ctx, Request{Owner: o, Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+				t.Fatalf("step %d: %v", step, err)
+			}
+		}
+		all, err := st.Scan(ctx, "", "\xff", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range all {
+			all[i].Revision = 0 // a failed speculation does not write, so only values compare
+		}
+		s := hosts[0].Stats()
+		s2 := hosts[1].Stats()
+		s.OnNotes += s2.OnNotes
+		s.NotesWrong += s2.NotesWrong
+		return all, s
+	}
+	plain, _ := run(false)
+	noted, stats := run(true)
+	if diff := cmp.Diff(plain, noted); diff != "" {
+		t.Fatalf("the store with notes differs from the store without (-without +with):\n%s", diff)
+	}
+	if stats.OnNotes < 50 || stats.NotesWrong < 10 {
+		t.Fatalf("stats %+v: the sequence did not exercise notes both held and wrong", stats)
+	}
+	t.Logf("%d allocations on notes, %d on wrong notes", stats.OnNotes, stats.NotesWrong)
+}
+
+func TestNoteEncoding(t *testing.T) {
+	a, err := New(memory.New(), "h1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := a.newNote("p")
+	n.def.Value, n.def.Revision = []byte(`{"name":"p"}`), believed
+	n.host.Value, n.host.Revision = []byte("\n3\nend\n"), believed
+	b := n.encode()
+	got := a.newNote("p")
+	if err := decodeNote(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]store.KV{n.def, n.ring, n.host}, []store.KV{got.def, got.ring, got.host}); diff != "" {
+		t.Fatalf("round trip (-want +got):\n%s", diff)
+	}
+	for i := range len(b) {
+		if decodeNote(b[:i], &got) == nil {
+			t.Fatalf("a note cut at %d of %d bytes decodes", i, len(b))
+		}
+	}
+	if decodeNote(append(b, 'x'), &got) == nil {
+		t.Fatal("a note with trailing bytes decodes")
+	}
+}
