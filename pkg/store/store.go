@@ -22,8 +22,10 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 )
 
 // ErrConflict is returned (wrapped) by Commit when a condition did not hold.
@@ -174,4 +176,39 @@ func CheckSpeculation(conds []Cond, same []KV, ops []Op, read []string) error {
 		}
 	}
 	return CheckCommit(conds, ops)
+}
+
+// CommitOrGetByReading does what Speculator.CommitOrGet does, on a store
+// that cannot speculate: it reads the keys of same and of read at one
+// revision, and commits conditioned on those revisions when the beliefs
+// hold. Two round trips; three when the commit meets a change (the keys of
+// read are then read again for the answer).
+func CommitOrGetByReading(ctx context.Context, st Store, conds []Cond, same []KV, ops []Op, read []string) ([]KV, error) {
+	if err := CheckSpeculation(conds, same, ops, read); err != nil {
+		return nil, err
+	}
+	keys := make([]string, 0, len(same)+len(read))
+	for _, kv := range same {
+		keys = append(keys, kv.Key)
+	}
+	got, err := st.Get(ctx, append(keys, read...)...)
+	if err != nil {
+		return nil, err
+	}
+	all := append([]Cond(nil), conds...)
+	for i, kv := range same {
+		if !got[i].Exists() || !bytes.Equal(got[i].Value, kv.Value) {
+			return got[len(same):], fmt.Errorf("%w: key %q does not hold the value believed", ErrConflict, kv.Key)
+		}
+		all = append(all, Unchanged(got[i]))
+	}
+	err = st.Commit(ctx, all, ops)
+	if !errors.Is(err, ErrConflict) {
+		return nil, err
+	}
+	fresh, gerr := st.Get(ctx, read...)
+	if gerr != nil {
+		return nil, gerr
+	}
+	return fresh, err
 }

@@ -47,7 +47,10 @@ func NewClient(socket string, id Identity, openDirect func() (store.Store, error
 	return &Client{socket: socket, id: id, open: openDirect, turn: make(chan struct{}, 1)}
 }
 
-var _ store.Store = (*Client)(nil)
+var (
+	_ store.Store      = (*Client)(nil)
+	_ store.Speculator = (*Client)(nil)
+)
 
 // Via says where the calls go: "ringipamd at <socket>", or the direct
 // store and why the agent is not used; "" before the first call.
@@ -159,20 +162,69 @@ func (c *Client) run(ctx context.Context, req *request, idempotent bool, direct 
 		}
 		c.state, c.why = stateDirect, fmt.Errorf("ringipamd at %s went away: %w", c.socket, err)
 	}
-	if c.direct == nil {
-		d, err := c.open()
-		if err != nil {
-			if errors.Is(err, store.ErrUnavailable) {
-				// No direct way now (a TLS etcd in a plugin, which has no
-				// TLS of its own): the next call looks for the agent
-				// again, so that a restarting agent is waited for.
-				c.state = stateUnknown
-			}
-			return nil, fmt.Errorf("%w (%v)", err, c.why)
-		}
-		c.direct = d
+	if err := c.openDirect(); err != nil {
+		return nil, err
 	}
 	return direct(c.direct)
+}
+
+// openDirect opens the direct store if it is not open yet. The caller
+// holds the turn.
+func (c *Client) openDirect() error {
+	if c.direct != nil {
+		return nil
+	}
+	d, err := c.open()
+	if err != nil {
+		if errors.Is(err, store.ErrUnavailable) {
+			// No direct way now (a TLS etcd in a plugin, which has no
+			// TLS of its own): the next call looks for the agent
+			// again, so that a restarting agent is waited for.
+			c.state = stateUnknown
+		}
+		return fmt.Errorf("%w (%v)", err, c.why)
+	}
+	c.direct = d
+	return nil
+}
+
+// CommitOrGet implements store.Speculator: on the direct store when the
+// calls go there and it can speculate (one round trip); through the agent
+// as a read then a commit (store.CommitOrGetByReading: the agent's
+// protocol has no such call, and a plugin whose agent serves it sends the
+// agent its whole invocation instead).
+func (c *Client) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+	d, err := c.directStore(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if sp, ok := d.(store.Speculator); ok {
+		return sp.CommitOrGet(ctx, conds, same, ops, read)
+	}
+	return store.CommitOrGetByReading(ctx, c, conds, same, ops, read)
+}
+
+// directStore finds where calls go, as the next call would: the direct
+// store, or nil when they are relayed.
+func (c *Client) directStore(ctx context.Context) (store.Store, error) {
+	select {
+	case c.turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("relayed store: waiting for the previous call: %w", ctx.Err())
+	}
+	defer func() { <-c.turn }()
+	if c.state == stateUnknown {
+		if err := c.connect(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if c.state == stateRelay {
+		return nil, nil
+	}
+	if err := c.openDirect(); err != nil {
+		return nil, err
+	}
+	return c.direct, nil
 }
 
 // connect dials the agent and says hello; on any failure the client goes

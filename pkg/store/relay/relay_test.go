@@ -74,6 +74,17 @@ func TestContract(t *testing.T) {
 	}))
 }
 
+// The same contract when no agent answers: the client's direct store
+// (where a speculating commit is the direct store's own).
+func TestContractWithoutAgent(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store {
+		direct := memory.New()
+		c := relay.NewClient(filepath.Join(t.TempDir(), "none.sock"), served, func() (store.Store, error) { return direct, nil })
+		t.Cleanup(func() { c.Close() })
+		return c
+	})
+}
+
 type countingStore struct {
 	store.Store
 	calls atomic.Int64
