@@ -231,6 +231,7 @@ var liveSizes = []int{100, 2000}
 const (
 	serialSample   = 200 // ADDs timed one at a time (each followed by an untimed DEL)
 	parallelSample = 200 // ADDs timed 8 at a time
+	parallelRounds = 4   // ... in this many interleaved bursts of parallelSample/parallelRounds
 )
 
 // BenchmarkIPAMAdd measures an IPAM ADD (a whole plugin process, as
@@ -348,7 +349,7 @@ func measureIPAMAdd(b *testing.B, vs []ipamVariant) []ipamAddRow {
 	// are filled, their one-at-a-time ADDs interleaved (variant after
 	// variant, sample after sample, so that a change of the machine's
 	// load during the run touches every row alike), and their 8-way
-	// bursts run one variant after the other.
+	// bursts likewise (round after round, variant after variant).
 	type setup struct {
 		ipamVariant
 		conf []byte
@@ -385,18 +386,26 @@ func measureIPAMAdd(b *testing.B, vs []ipamVariant) []ipamAddRow {
 				}
 			}
 		}
+		// The 8-way bursts are interleaved too: parallelRounds rounds, each
+		// a burst of every variant in turn, their walls summed per variant.
+		walls := make([]time.Duration, len(set))
+		for round := range parallelRounds {
+			for j, v := range set {
+				burst := ids(fmt.Sprintf("p%d-%d", size, round), parallelSample/parallelRounds)
+				quietDisk()
+				_, wall, err := parallelDo(v.bin, v.conf, "ADD", burst, 8)
+				if err != nil {
+					b.Fatalf("%s: %v", v.name, err)
+				}
+				walls[j] += wall
+				if _, _, err := parallelDo(v.bin, v.conf, "DEL", burst, 8); err != nil {
+					b.Fatalf("%s: %v", v.name, err)
+				}
+			}
+		}
 		for j, v := range set {
-			burst := ids(fmt.Sprintf("p%d", size), parallelSample)
-			quietDisk()
-			_, wall, err := parallelDo(v.bin, v.conf, "ADD", burst, 8)
-			if err != nil {
-				b.Fatalf("%s: %v", v.name, err)
-			}
-			if _, _, err := parallelDo(v.bin, v.conf, "DEL", burst, 8); err != nil {
-				b.Fatalf("%s: %v", v.name, err)
-			}
 			r := ipamAddRow{plugin: v.name, live: size, mean: mean(lat[j]), p50: pct(lat[j], 50), p99: pct(lat[j], 99),
-				parallelPerSec: float64(parallelSample) / wall.Seconds()}
+				parallelPerSec: float64(parallelSample/parallelRounds*parallelRounds) / walls[j].Seconds()}
 			rows = append(rows, r)
 			unit := strings.NewReplacer(", ", "+", " ", "-").Replace(fmt.Sprintf("mean-ms/%s@%d", v.name, size))
 			b.ReportMetric(float64(r.mean.Microseconds())/1000, unit)
