@@ -36,7 +36,8 @@ func (m *memNotes) WriteNote(name string, note []byte) {
 	m.notes[name] = note
 }
 
-// callLog lists the round trips made to a memory store, by kind.
+// callLog lists the round trips made to a memory store, by kind (Get,
+// Scan, Commit, CommitOrGet).
 type callLog struct {
 	*memory.Store
 	mu    sync.Mutex

@@ -2,41 +2,10 @@ package pool
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 
-	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
 )
-
-// countingStore counts round trips (Get, Scan, Commit).
-type countingStore struct {
-	store.Store
-	gets, scans, commits atomic.Int64
-}
-
-func (c *countingStore) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
-	c.gets.Add(1)
-	return c.Store.Get(ctx, keys...)
-}
-
-func (c *countingStore) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
-	c.scans.Add(1)
-	return c.Store.Scan(ctx, from, to, limit)
-}
-
-func (c *countingStore) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
-	c.commits.Add(1)
-	return c.Store.Commit(ctx, conds, ops)
-}
-
-func (c *countingStore) take() int64 {
-	n := c.gets.Load() + c.scans.Load() + c.commits.Load()
-	c.gets.Store(0)
-	c.scans.Store(0)
-	c.commits.Store(0)
-	return n
-}
 
 // Round trips of the CNI verbs as a fresh plugin process makes them (a new
 // Allocator per call, so the layout check rides on the first read): ADD 2,
@@ -44,7 +13,7 @@ func (c *countingStore) take() int64 {
 // hour, refreshing the host's last-seen time).
 func TestRoundTripsPerVerb(t *testing.T) {
 	ctx := context.Background()
-	st := &countingStore{Store: memory.New()}
+	st := &callLog{Store: memory.New()}
 	def := v4Def("p", "198.18.0.0/24")
 	proc := func() *Allocator { a, _ := New(st, "h1"); return a }
 	for i := range 3 { // warm up: definition, first claim, first scan
@@ -56,7 +25,7 @@ func TestRoundTripsPerVerb(t *testing.T) {
 	if _, err := proc().Allocate(ctx, Request{Owner: own("x"), Reservation: "ns/x", Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
 		t.Fatal(err)
 	}
-	if n := st.take(); n != 2 {
+	if n := len(st.take()); n != 2 {
 		t.Errorf("ADD: %d round trips, want 2", n)
 	}
 	// The first CHECK of the hour also refreshes the host's last-seen
@@ -64,31 +33,31 @@ func TestRoundTripsPerVerb(t *testing.T) {
 	if _, ok, err := proc().Lookup(ctx, own("x")); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if n := st.take(); n != 2 {
+	if n := len(st.take()); n != 2 {
 		t.Errorf("first CHECK: %d round trips, want 2 (the read, the last-seen write)", n)
 	}
 	if _, ok, err := proc().Lookup(ctx, own("x")); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if n := st.take(); n != 1 {
+	if n := len(st.take()); n != 1 {
 		t.Errorf("CHECK: %d round trips, want 1", n)
 	}
 	if _, ok, err := proc().ReleaseWith(ctx, own("x"), ReleaseHint{Pools: []string{"p"}, Reservation: "ns/x"}); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if n := st.take(); n != 2 {
+	if n := len(st.take()); n != 2 {
 		t.Errorf("DEL with the hint: %d round trips, want 2", n)
 	}
 	if _, ok, err := proc().Release(ctx, own("a")); err != nil || !ok {
 		t.Fatal(ok, err)
 	}
-	if n := st.take(); n != 3 {
+	if n := len(st.take()); n != 3 {
 		t.Errorf("DEL without a hint: %d round trips, want 3", n)
 	}
 	if _, ok, err := proc().Release(ctx, own("nobody")); err != nil || ok {
 		t.Fatal(ok, err)
 	}
-	if n := st.take(); n != 1 {
+	if n := len(st.take()); n != 1 {
 		t.Errorf("DEL of an owner that holds nothing: %d round trips, want 1", n)
 	}
 }

@@ -166,11 +166,8 @@ func decodeTxn(data []byte, out *txnResp) bool {
 			out.Succeeded, ok = v.Bool()
 			return ok
 		}
-		if v.IsNull() {
-			out.Responses = nil
-			return true
-		}
-		return v.Array(func(item jsonscan.Value) bool {
+		out.Responses = nil
+		return eachItem(v, func(item jsonscan.Value) bool {
 			var r struct {
 				ResponseRange *rangeResp `json:"response_range"`
 			}
@@ -185,6 +182,12 @@ func decodeTxn(data []byte, out *txnResp) bool {
 			return ok
 		})
 	})
+}
+
+// eachItem calls item for each element of an array; null is no element
+// (encoding/json leaves the slice nil).
+func eachItem(v jsonscan.Value, item func(jsonscan.Value) bool) bool {
+	return v.IsNull() || v.Array(item)
 }
 
 func decodeHeader(v jsonscan.Value, rev *string) bool {
@@ -210,11 +213,8 @@ func decodeRange(v jsonscan.Value, out *rangeResp) bool {
 			out.More, ok = v.Bool()
 			return ok
 		}
-		if v.IsNull() {
-			out.Kvs = nil
-			return true
-		}
-		return v.Array(func(item jsonscan.Value) bool {
+		out.Kvs = nil
+		return eachItem(v, func(item jsonscan.Value) bool {
 			var kv kvJSON
 			ok := item.Members([]string{"key", "value", "mod_revision"}, false, func(key string, f jsonscan.Value) bool {
 				s, ok := f.String()
