@@ -336,3 +336,63 @@ func TestNoteEncoding(t *testing.T) {
 		t.Fatal("a note with trailing bytes decodes")
 	}
 }
+
+// A dual-stack request (two pools, one note each) and one with a
+// reservation name commit on the notes too; a second host's claim in one
+// of the pools spoils only that pool's note, and the allocation still
+// lands in this host's ranges.
+func TestNotesWithTwoPoolsAndReservations(t *testing.T) {
+	ctx := context.Background()
+	st := &callLog{Store: memory.New()}
+	a, err := New(st, "h1", WithNotes(&memNotes{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defs := []Def{v4Def("p4", "198.18.0.0/24"), {Name: "p6", Ranges: []Range{{Subnet: mustPrefix("2001:db8::/120")}}}}
+	wants := []Want{{Pool: "p4", Role: RoleIP}, {Pool: "p6", Role: RoleIP}}
+	seen := map[netip.Addr]bool{}
+	alloc := func(id, resv string, wantCalls []string) {
+		t.Helper()
+		got, err := a.Allocate(ctx, Request{Owner: own(id), Reservation: resv, Wants: wants, Defs: defs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(got.Addrs) != 2 || !got.Addrs[0].Addr.Is4() || !got.Addrs[1].Addr.Is6() {
+			t.Fatalf("%s got %+v", id, got.Addrs)
+		}
+		for _, x := range got.Addrs {
+			if seen[x.Addr] {
+				t.Fatalf("%s got %s twice", id, x.Addr)
+			}
+			seen[x.Addr] = true
+		}
+		calls := st.take()
+		if wantCalls != nil {
+			if diff := cmp.Diff(wantCalls, calls); diff != "" {
+				t.Fatalf("%s: round trips (-want +got):\n%s", id, diff)
+			}
+		}
+	}
+	alloc("c1", "", nil)
+	alloc("c2", "", []string{"commit-or-get"})
+	alloc("c3", "ns/c3", []string{"commit-or-get"})
+	b, err := New(st, "h2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Allocate(ctx, Request{Owner: own("b1"), Wants: wants[1:], Defs: defs[1:]}); err != nil {
+		t.Fatal(err)
+	}
+	st.take()
+	alloc("c4", "", []string{"commit-or-get", "commit"})
+	alloc("c5", "", []string{"commit-or-get"})
+	for _, p := range []string{"p4", "p6"} {
+		bad, err := a.Check(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range bad {
+			t.Errorf("invariant in %s: %s", p, x)
+		}
+	}
+}
