@@ -57,7 +57,7 @@ func (d Dir) lock(ctx context.Context, name string, closeOnExec bool) (func(), e
 	if d == "" {
 		return nil, errors.New("hostlock: no lock directory")
 	}
-	if name == "" || strings.ContainsAny(name, "/\x00") {
+	if !validName(name) {
 		return nil, fmt.Errorf("hostlock: bad lock name %q", name)
 	}
 	if err := os.MkdirAll(string(d), 0o700); err != nil {
@@ -160,6 +160,10 @@ func Flock(ctx context.Context, f *os.File, how int) error {
 	}
 }
 
+// validName reports whether name can name a file in the directory: not
+// empty, no '/' and no NUL.
+func validName(name string) bool { return name != "" && !strings.ContainsAny(name, "/\x00") }
+
 // maxNote bounds what ReadNote reads: a note is a small record, and a file
 // larger than this is not one.
 const maxNote = 4 << 20
@@ -167,7 +171,7 @@ const maxNote = 4 << 20
 // ReadNote returns the note called name kept in d by WriteNote, or nil when
 // there is none (or it cannot be read, or is larger than 4 MiB).
 func (d Dir) ReadNote(name string) []byte {
-	if d == "" || name == "" || strings.ContainsAny(name, "/\x00") {
+	if d == "" || !validName(name) {
 		return nil
 	}
 	f, err := openFile(filepath.Join(string(d), name+".note"), os.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -193,7 +197,7 @@ func (d Dir) ReadNote(name string) []byte {
 // not a tmpfs) a file truncated to zero and written again is flushed to
 // the disk when closed, which would cost every call a disk write.
 func (d Dir) WriteNote(name string, note []byte) {
-	if d == "" || name == "" || strings.ContainsAny(name, "/\x00") {
+	if d == "" || !validName(name) {
 		return
 	}
 	f, err := openFile(filepath.Join(string(d), name+".note"), os.O_WRONLY|os.O_CREATE|unix.O_CLOEXEC, 0o600)

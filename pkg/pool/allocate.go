@@ -63,28 +63,22 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 	defer unlock()
 	var p plan
 	err = a.run(ctx, func(attempt int) error {
-		var answered []store.KV
+		var snap *snapshot
+		var err error
 		if attempt == 0 {
-			onNotes, snap, done, got, err := a.speculate(ctx, req, defs)
-			if err != nil {
+			var done bool
+			if p, snap, done, err = a.speculate(ctx, req, defs); err != nil {
 				return err
 			}
 			if done {
-				p = onNotes
 				a.noteAllocation(snap, p)
 				return nil
 			}
-			answered = got
 		}
-		var snap *snapshot
-		var err error
-		if answered != nil {
-			snap, err = a.decodeSnapshot(ctx, req, defs, answered)
-		} else {
-			snap, err = a.read(ctx, req, defs)
-		}
-		if err != nil {
-			return err
+		if snap == nil {
+			if snap, err = a.read(ctx, req, defs); err != nil {
+				return err
+			}
 		}
 		if p, err = a.plan(ctx, snap, req, attempt == 0); err != nil {
 			return err
@@ -249,20 +243,18 @@ func (a *Allocator) readKeys(req Request) (keyset, []string) {
 // trip (a second only when the request records a new pool, for the
 // registry). defs are the canonical definitions the request carries.
 func (a *Allocator) read(ctx context.Context, req Request, defs map[string]Def) (*snapshot, error) {
-	ks, _ := a.readKeys(req)
+	ks, pools := a.readKeys(req)
 	kvs, err := a.get(ctx, ks.keys...)
 	if err != nil {
 		return nil, err
 	}
-	return a.decodeSnapshot(ctx, req, defs, kvs)
+	return a.decodeSnapshot(ctx, req, defs, ks, pools, kvs)
 }
 
-// decodeSnapshot decodes kvs, read (or believed) at the keys of readKeys in
-// their order.
-func (a *Allocator) decodeSnapshot(ctx context.Context, req Request, defs map[string]Def, kvs []store.KV) (*snapshot, error) {
-	ks, pools := a.readKeys(req)
-	ownerK := ownerKey(req.Owner)
-	s := &snapshot{ownerKV: ks.kv(kvs, ownerK)}
+// decodeSnapshot decodes kvs, read (or believed) at the keys ks and pools
+// of readKeys, in their order.
+func (a *Allocator) decodeSnapshot(ctx context.Context, req Request, defs map[string]Def, ks keyset, pools []string, kvs []store.KV) (*snapshot, error) {
+	s := &snapshot{ownerKV: ks.kv(kvs, ownerKey(req.Owner))}
 	s.held = Allocation{Owner: req.Owner, Host: a.host, Reservation: req.Reservation}
 	if s.ownerKV.Exists() {
 		if err := decodeAllocation(s.ownerKV.Value, &s.held); err != nil {

@@ -54,6 +54,23 @@ func textValue(val jsonscan.Value, dst interface{ UnmarshalText([]byte) error })
 	return ok && dst.UnmarshalText([]byte(s)) == nil
 }
 
+// decodeList decodes a JSON array into a new slice, one element each by
+// elem, as encoding/json decodes into a nil slice (an empty array gives an
+// empty, non-nil slice). A slice already filled is refused: encoding/json
+// would decode into the elements there.
+func decodeList[T any](val jsonscan.Value, dst *[]T, elem func(jsonscan.Value, *T) bool) bool {
+	if *dst != nil {
+		return false
+	}
+	out := []T{}
+	ok := val.Array(func(e jsonscan.Value) bool {
+		out = append(out, *new(T))
+		return elem(e, &out[len(out)-1])
+	})
+	*dst = out
+	return ok
+}
+
 // writeText writes an encoding.TextMarshaler as encoding/json does.
 func writeText(w *jsonscan.Writer, v interface{ MarshalText() ([]byte, error) }) {
 	b, err := v.MarshalText()
@@ -122,14 +139,7 @@ var tokenKeys = []string{"s", "h", "t"}
 
 func decodeTokens(b []byte, tokens *[]token) error {
 	return unmarshal(b, tokens, func(v jsonscan.Value, tokens *[]token) bool {
-		if *tokens != nil {
-			return false // encoding/json would decode into the elements there
-		}
-		out := []token{}
-		ok := v.Array(func(e jsonscan.Value) bool {
-			var t token
-			out = append(out, t)
-			p := &out[len(out)-1]
+		return decodeList(v, tokens, func(e jsonscan.Value, p *token) bool {
 			return e.Members(tokenKeys, false, func(key string, val jsonscan.Value) bool {
 				var ok bool
 				switch key {
@@ -143,8 +153,6 @@ func decodeTokens(b []byte, tokens *[]token) error {
 				return ok
 			})
 		})
-		*tokens = out
-		return ok
 	})
 }
 
@@ -211,13 +219,7 @@ func decodeAllocation(b []byte, a *Allocation) error {
 			case "reservation":
 				a.Reservation, ok = val.String()
 			case "addrs":
-				if a.Addrs != nil {
-					return false // encoding/json would decode into the elements there
-				}
-				addrs := []Assigned{}
-				ok = val.Array(func(e jsonscan.Value) bool {
-					addrs = append(addrs, Assigned{})
-					x := &addrs[len(addrs)-1]
+				ok = decodeList(val, &a.Addrs, func(e jsonscan.Value, x *Assigned) bool {
 					return e.Members(assignedKeys, false, func(key string, val jsonscan.Value) bool {
 						var ok bool
 						switch key {
@@ -233,7 +235,6 @@ func decodeAllocation(b []byte, a *Allocation) error {
 						return ok
 					})
 				})
-				a.Addrs = addrs
 			}
 			return ok
 		})
@@ -295,13 +296,7 @@ func decodeDefJSON(b []byte, d *Def) error {
 			case "name":
 				d.Name, ok = val.String()
 			case "ranges":
-				if d.Ranges != nil {
-					return false
-				}
-				rs := []Range{}
-				ok = val.Array(func(e jsonscan.Value) bool {
-					rs = append(rs, Range{})
-					r := &rs[len(rs)-1]
+				ok = decodeList(val, &d.Ranges, func(e jsonscan.Value, r *Range) bool {
 					return e.Members(rangeKeys, false, func(key string, val jsonscan.Value) bool {
 						switch key {
 						case "subnet":
@@ -315,17 +310,8 @@ func decodeDefJSON(b []byte, d *Def) error {
 						}
 					})
 				})
-				d.Ranges = rs
 			case "exclude":
-				if d.Exclude != nil {
-					return false
-				}
-				ps := []netip.Prefix{}
-				ok = val.Array(func(e jsonscan.Value) bool {
-					ps = append(ps, netip.Prefix{})
-					return textValue(e, &ps[len(ps)-1])
-				})
-				d.Exclude = ps
+				ok = decodeList(val, &d.Exclude, func(e jsonscan.Value, p *netip.Prefix) bool { return textValue(e, p) })
 			case "isolated":
 				d.Isolated, ok = val.Bool()
 			}

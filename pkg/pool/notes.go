@@ -171,14 +171,15 @@ func (a *Allocator) noteRelease(pools []string, ops []store.Op) {
 
 // speculate tries an allocation in one round trip, planned on this host's
 // notes of the wanted pools with the owner (and its reservation) believed
-// absent. done says it committed p. Otherwise answered is the state the
-// store gave back for the keys of readKeys (nil when nothing was tried, or
-// when what was answered is stale: the ordinary read follows), and the
-// caller plans on it as on a read.
-func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]Def) (p plan, s *snapshot, done bool, answered []store.KV, err error) {
+// absent. done says it committed p, and s is the state p was planned on
+// (noteAllocation's). Otherwise s, unless nil, is the state the store
+// answered when the notes no longer held, decoded as a read would be: the
+// caller plans on it instead of reading. A nil s means nothing was tried,
+// or what was answered is stale (the store was just migrated).
+func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]Def) (p plan, s *snapshot, done bool, err error) {
 	sp, ok := a.speculating()
 	if !ok {
-		return plan{}, nil, false, nil, nil
+		return plan{}, nil, false, nil
 	}
 	ks, pools := a.readKeys(req)
 	kvs := make([]store.KV, len(ks.keys))
@@ -189,7 +190,7 @@ func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]
 	for _, pool := range pools {
 		n, ok := a.readNote(pool)
 		if !ok {
-			return plan{}, nil, false, nil, nil
+			return plan{}, nil, false, nil
 		}
 		for _, kv := range []store.KV{n.def, n.ring, n.host} {
 			kvs[ks.at[kv.Key]] = kv
@@ -198,11 +199,11 @@ func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]
 	}
 	// A note that does not decode or plan is only a wrong belief: the
 	// ordinary path reads and decides, and reports what is really wrong.
-	if s, err = a.decodeSnapshot(ctx, req, defs, kvs); err != nil || len(s.newDefs) > 0 {
-		return plan{}, nil, false, nil, nil
+	if s, err = a.decodeSnapshot(ctx, req, defs, ks, pools, kvs); err != nil || len(s.newDefs) > 0 {
+		return plan{}, nil, false, nil
 	}
 	if p, err = a.plan(ctx, s, req, true); err != nil || p.noop {
-		return plan{}, nil, false, nil, nil
+		return plan{}, nil, false, nil
 	}
 	var conds []store.Cond
 	for _, c := range p.conds {
@@ -216,24 +217,25 @@ func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]
 	if !a.layoutOK.Load() {
 		read = append(read[:len(read):len(read)], layoutKey)
 	}
-	answered, err = sp.CommitOrGet(ctx, conds, same, p.ops, read)
+	answered, err := sp.CommitOrGet(ctx, conds, same, p.ops, read)
 	switch {
 	case err == nil:
 		a.stats.commits.Add(1)
 		a.stats.onNotes.Add(1)
-		return p, s, true, nil, nil
+		return p, s, true, nil
 	case errors.Is(err, store.ErrTooLarge):
-		return plan{}, nil, false, nil, nil // the ordinary commit is smaller
+		return plan{}, nil, false, nil // the ordinary commit is smaller
 	case !errors.Is(err, store.ErrConflict) || len(answered) != len(read):
-		return plan{}, nil, false, nil, err
+		return plan{}, nil, false, err
 	}
 	a.stats.notesWrong.Add(1)
 	if len(read) > len(ks.keys) {
 		migrated, err := a.layoutRead(ctx, answered[len(read)-1])
 		if err != nil || migrated {
-			return plan{}, nil, false, nil, err
+			return plan{}, nil, false, err
 		}
 		answered = answered[:len(ks.keys)]
 	}
-	return plan{}, nil, false, answered, nil
+	s, err = a.decodeSnapshot(ctx, req, defs, ks, pools, answered)
+	return plan{}, s, false, err
 }

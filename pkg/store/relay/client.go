@@ -131,10 +131,8 @@ func (c *Client) Close() error {
 // run sends req to the agent, or calls direct on the direct store.
 // idempotent says a read that lost its agent may be answered directly.
 func (c *Client) run(ctx context.Context, req *request, idempotent bool, direct func(store.Store) ([]store.KV, error)) ([]store.KV, error) {
-	select {
-	case c.turn <- struct{}{}:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("relayed store: waiting for the previous call: %w", ctx.Err())
+	if err := c.takeTurn(ctx); err != nil {
+		return nil, err
 	}
 	defer func() { <-c.turn }()
 	if err := ctx.Err(); err != nil {
@@ -166,6 +164,17 @@ func (c *Client) run(ctx context.Context, req *request, idempotent bool, direct 
 		return nil, err
 	}
 	return direct(c.direct)
+}
+
+// takeTurn waits for the previous call to end (one call at a time), or
+// for ctx; the caller gives the turn back with <-c.turn.
+func (c *Client) takeTurn(ctx context.Context) error {
+	select {
+	case c.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("relayed store: waiting for the previous call: %w", ctx.Err())
+	}
 }
 
 // openDirect opens the direct store if it is not open yet. The caller
@@ -207,10 +216,8 @@ func (c *Client) CommitOrGet(ctx context.Context, conds []store.Cond, same []sto
 // directStore finds where calls go, as the next call would: the direct
 // store, or nil when they are relayed.
 func (c *Client) directStore(ctx context.Context) (store.Store, error) {
-	select {
-	case c.turn <- struct{}{}:
-	case <-ctx.Done():
-		return nil, fmt.Errorf("relayed store: waiting for the previous call: %w", ctx.Err())
+	if err := c.takeTurn(ctx); err != nil {
+		return nil, err
 	}
 	defer func() { <-c.turn }()
 	if c.state == stateUnknown {
