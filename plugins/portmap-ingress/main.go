@@ -11,6 +11,8 @@
 package main
 
 import (
+	_ "github.com/ringipam/ringipam/internal/oneproc"
+
 	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
