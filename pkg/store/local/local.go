@@ -300,13 +300,10 @@ func (s *Store) view(ctx context.Context, fn func(*bolt.Tx) error) error {
 func (s *Store) update(ctx context.Context, fn func(*bolt.Tx) error) error {
 	return s.with(ctx, false, func(db *bolt.DB) error {
 		fresh := false
-		if err := db.View(func(tx *bolt.Tx) error {
+		if err := db.Update(func(tx *bolt.Tx) error {
 			fresh = tx.Bucket(bucketMeta) == nil
-			return nil
+			return fn(tx)
 		}); err != nil {
-			return err
-		}
-		if err := db.Update(fn); err != nil {
 			return err
 		}
 		if fresh {
