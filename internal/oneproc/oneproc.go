@@ -7,8 +7,8 @@
 // runtime or a library starts wakes another thread that spins looking for
 // work and then parks; when eight plugins start at once on a two-CPU node
 // those threads take the CPUs from the calls. Measured with 8 ADDs at a
-// time on the local store: 20-30% less CPU per ADD and 15-30% more ADDs a
-// second, and one call alone is no slower (docs/benchmarks.md). Long-running
+// time on the local store: 6-16% less CPU per ADD and 4-15% more ADDs a
+// second, and one call alone no slower (docs/DESIGN-NOTES.md). Long-running
 // programs (the agent, the Docker driver) keep the default.
 //
 // The package imports nothing but runtime and syscall, so that its init is

@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,8 +29,9 @@ func TestProcessors(t *testing.T) {
 		{"3", 3},
 	} {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), "ONEPROC_REPORT=1")
-		cmd.Env = slicesWithout(cmd.Env, "GOMAXPROCS=")
+		cmd.Env = slices.DeleteFunc(append(os.Environ(), "ONEPROC_REPORT=1"), func(e string) bool {
+			return strings.HasPrefix(e, "GOMAXPROCS=")
+		})
 		if c.env != "" {
 			cmd.Env = append(cmd.Env, "GOMAXPROCS="+c.env)
 		}
@@ -43,13 +45,25 @@ func TestProcessors(t *testing.T) {
 	}
 }
 
-// slicesWithout returns env without the entries that start with prefix.
-func slicesWithout(env []string, prefix string) []string {
-	var out []string
-	for _, e := range env {
-		if !strings.HasPrefix(e, prefix) {
-			out = append(out, e)
+// TestPluginsUseIt checks that both one-call plugins link the package and
+// that it imports nothing but runtime and syscall (so that its init runs
+// among the first).
+func TestPluginsUseIt(t *testing.T) {
+	const self = "github.com/ringipam/ringipam/internal/oneproc"
+	for _, pkg := range []string{"../../plugins/ipam-ring", "../../plugins/portmap-ingress"} {
+		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		if !slices.Contains(strings.Fields(string(out)), self) {
+			t.Errorf("%s does not link %s", pkg, self)
 		}
 	}
-	return out
+	out, err := exec.Command("go", "list", "-f", "{{join .Imports \" \"}}", ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list: %v\n%s", err, out)
+	}
+	if got := strings.TrimSpace(string(out)); got != "runtime syscall" {
+		t.Errorf("oneproc imports %q, want only runtime and syscall", got)
+	}
 }
