@@ -43,6 +43,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/ringipam/ringipam/pkg/store"
@@ -73,6 +74,25 @@ func (s Identity) Matches(c Identity) bool {
 		}
 	}
 	return false
+}
+
+// Key is s in one canonical string: the prefix, then the endpoints compared
+// as Matches compares them (without scheme and trailing slash), sorted, each
+// after a NUL. Identities naming the same endpoints in any order, spelled
+// with or without scheme, have the same Key.
+func (s Identity) Key() string {
+	eps := make([]string, len(s.Endpoints))
+	for i, e := range s.Endpoints {
+		eps[i] = normEndpoint(e)
+	}
+	slices.Sort(eps)
+	var b strings.Builder
+	b.WriteString(s.Prefix)
+	for _, e := range eps {
+		b.WriteByte(0)
+		b.WriteString(e)
+	}
+	return b.String()
 }
 
 func normEndpoint(e string) string {

@@ -269,3 +269,20 @@ func TestAgentAwaitedWhenNoDirectWay(t *testing.T) {
 		t.Fatalf("once the agent runs: %v %v", kvs, err)
 	}
 }
+
+func TestIdentityKey(t *testing.T) {
+	a := relay.Identity{Prefix: "/r/", Endpoints: []string{"http://a:2379", "b:2379/"}}
+	b := relay.Identity{Prefix: "/r/", Endpoints: []string{"https://b:2379", "a:2379"}}
+	if a.Key() != b.Key() || !a.Matches(b) {
+		t.Errorf("the same endpoints in another order and spelling: keys %q and %q", a.Key(), b.Key())
+	}
+	for _, c := range []relay.Identity{
+		{Prefix: "/s/", Endpoints: a.Endpoints},
+		{Prefix: "/r/", Endpoints: []string{"a:2379"}},
+		{Prefix: "/r/", Endpoints: []string{"a:2379", "b:2380"}},
+	} {
+		if c.Key() == a.Key() {
+			t.Errorf("%+v has the key of %+v", c, a)
+		}
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
-	"slices"
 
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -47,17 +46,10 @@ func (n clusterNotes) WriteNote(name string, note []byte) {
 	n.notes.WriteNote(name+"."+n.tag, note)
 }
 
-// clusterTag names an etcd store's cluster and prefix in eight hex digits:
-// its endpoints in any order, as the agent compares them.
+// clusterTag names an etcd store's cluster and prefix in eight hex digits,
+// from its identity as the agent compares it (relay.Identity.Key).
 func clusterTag(s storeSettings) string {
-	id := s.Identity()
-	eps := slices.Clone(id.Endpoints)
-	slices.Sort(eps)
 	h := fnv.New32a()
-	h.Write([]byte(id.Prefix))
-	for _, e := range eps {
-		h.Write([]byte{0})
-		h.Write([]byte(e))
-	}
+	h.Write([]byte(s.Identity().Key()))
 	return fmt.Sprintf("%08x", h.Sum32())
 }
