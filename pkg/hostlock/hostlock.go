@@ -7,7 +7,11 @@
 // held by an open file description, so it also serialises goroutines of one
 // process that each call Lock. Locks vanish when the holder exits (with
 // LockWithChildren: once the children it started meanwhile have exited
-// too), so a crashed process never leaves a stale lock behind. Beside each
+// too), so a crashed process never leaves a stale lock behind. A lock file
+// named after something that ends (an attachment) can be removed by its
+// holder (Discard) or, when no one holds it, by anyone (Sweep): every lock
+// taken is checked against the file at its path, and a waiter that locked
+// a file removed meanwhile locks the new one instead. Beside each
 // lock a note may be kept (ReadNote, WriteNote) for the lock's next holder:
 // a hint that is never synced and that its reader must validate.
 //
@@ -68,21 +72,108 @@ func (d Dir) lock(ctx context.Context, name string, closeOnExec bool) (func(), e
 	if closeOnExec {
 		flag |= unix.O_CLOEXEC
 	}
-	f, err := openFile(path, flag, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("hostlock: %w", err)
-	}
-	if err := Flock(ctx, f, unix.LOCK_EX); err != nil {
+	for {
+		f, err := openFile(path, flag, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("hostlock: %w", err)
+		}
+		if err := Flock(ctx, f, unix.LOCK_EX); err != nil {
+			_ = f.Close()
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("%w %s: %w", ErrTimeout, path, err)
+			}
+			return nil, fmt.Errorf("hostlock: flock %s: %w", path, err)
+		}
+		if current(f, path) {
+			return func() {
+				_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
+				_ = f.Close()
+			}, nil
+		}
+		// The holder we waited for removed the file (Discard, Sweep):
+		// the lock is now the file at path, a new one.
 		_ = f.Close()
-		if ctx.Err() != nil {
+		if err := ctx.Err(); err != nil {
 			return nil, fmt.Errorf("%w %s: %w", ErrTimeout, path, err)
 		}
-		return nil, fmt.Errorf("hostlock: flock %s: %w", path, err)
 	}
-	return func() {
-		_ = unix.Flock(int(f.Fd()), unix.LOCK_UN)
-		_ = f.Close()
-	}, nil
+}
+
+// current reports whether f is still the file at path: a lock taken on a
+// file that was removed meanwhile locks nothing anyone else will take.
+func current(f *os.File, path string) bool {
+	var held, named unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &held) != nil || unix.Stat(path, &named) != nil {
+		return false
+	}
+	return held.Dev == named.Dev && held.Ino == named.Ino
+}
+
+// Discard removes the lock file called name: for a lock that names
+// something that is gone (a released attachment), so that its files do
+// not pile up. Call it only while holding the lock, before its release:
+// whoever waits for it then finds the file gone and locks a new one.
+// The lock's note, if any, is removed too. A file already gone is not an
+// error.
+func (d Dir) Discard(name string) error {
+	if d == "" || !validName(name) {
+		return fmt.Errorf("hostlock: bad lock name %q", name)
+	}
+	_ = os.Remove(filepath.Join(string(d), name+".note"))
+	if err := os.Remove(filepath.Join(string(d), name+".lock")); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("hostlock: %w", err)
+	}
+	return nil
+}
+
+// Sweep removes the lock files whose names begin with prefix and that no
+// process holds, with their notes: locks left by work that ended without
+// Discard (a holder killed, a name never taken again). A held lock is
+// left alone, and a lock file removed here is simply made again by its
+// next holder, so Sweep is safe at any time. It stops when ctx ends and
+// returns how many it removed.
+func (d Dir) Sweep(ctx context.Context, prefix string) (int, error) {
+	if d == "" || strings.ContainsAny(prefix, "/\x00") {
+		return 0, fmt.Errorf("hostlock: bad prefix %q", prefix)
+	}
+	entries, err := os.ReadDir(string(d))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("hostlock: %w", err)
+	}
+	removed := 0
+	for _, e := range entries {
+		if err := ctx.Err(); err != nil {
+			return removed, err
+		}
+		name, ok := strings.CutSuffix(e.Name(), ".lock")
+		if !ok || !strings.HasPrefix(name, prefix) || !validName(name) {
+			continue
+		}
+		if d.discardIfFree(name) {
+			removed++
+		}
+	}
+	return removed, nil
+}
+
+// discardIfFree removes lock name if no one holds it, under its lock.
+func (d Dir) discardIfFree(name string) bool {
+	path := filepath.Join(string(d), name+".lock")
+	f, err := openFile(path, os.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	if unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil {
+		return false // held (or briefly contended): its holder's
+	}
+	defer unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	// Only the file at path, which a new holder may have made meanwhile
+	// and then locked, is ours to remove if it is the one locked here.
+	return current(f, path) && d.Discard(name) == nil
 }
 
 // OpenFile opens name like os.OpenFile, for a file to be locked with Flock

@@ -291,3 +291,117 @@ func TestNotes(t *testing.T) {
 		t.Errorf("note in no directory = %q", got)
 	}
 }
+
+// waitForBlockedFlock waits (at most 10 s) until /proc/locks shows a
+// process blocked on a flock of file f.
+func waitForBlockedFlock(t *testing.T, f string) {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(f, &st); err != nil {
+		t.Fatal(err)
+	}
+	ino := fmt.Sprintf(":%d ", st.Ino)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile("/proc/locks")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "->") && strings.Contains(line, "FLOCK") && strings.Contains(line, ino) {
+				return
+			}
+		}
+	}
+	t.Fatalf("no process blocked on %s", f)
+}
+
+// A holder that discards its lock file hands the lock over cleanly: the
+// waiter that had opened the removed file takes the new one, and holds it
+// against everyone else.
+func TestDiscardHandsOverToWaiter(t *testing.T) {
+	d := Dir(t.TempDir())
+	ctx := context.Background()
+	release, err := d.Lock(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.WriteNote("p", []byte("hint"))
+	path := filepath.Join(string(d), "p.lock")
+	got := make(chan func(), 1)
+	go func() {
+		r, err := d.Lock(ctx, "p")
+		if err != nil {
+			t.Error(err)
+			r = func() {}
+		}
+		got <- r
+	}()
+	waitForBlockedFlock(t, path)
+	if err := d.Discard("p"); err != nil {
+		t.Fatal(err)
+	}
+	if d.ReadNote("p") != nil {
+		t.Error("the discarded lock's note is still there")
+	}
+	release()
+	second := <-got
+	defer second()
+	if _, err := os.Stat(path); err != nil {
+		t.Fatalf("the waiter holds no lock file: %v", err)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if r, err := d.Lock(short, "p"); !errors.Is(err, ErrTimeout) {
+		if err == nil {
+			r()
+		}
+		t.Fatalf("a third Lock while the waiter holds it: %v, want ErrTimeout", err)
+	}
+	if err := d.Discard("gone"); err != nil {
+		t.Errorf("Discard of a lock with no file: %v", err)
+	}
+	if err := d.Discard("a/b"); err == nil {
+		t.Error("Discard of a bad name succeeded")
+	}
+}
+
+// Sweep removes the free lock files of its prefix, with their notes, and
+// leaves held ones and other names alone.
+func TestSweep(t *testing.T) {
+	d := Dir(t.TempDir())
+	ctx := context.Background()
+	for _, n := range []string{"a-1", "a-2", "b-1"} {
+		r, err := d.Lock(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r()
+	}
+	d.WriteNote("a-2", []byte("x"))
+	held, err := d.Lock(ctx, "a-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held()
+	n, err := d.Sweep(ctx, "a-")
+	if err != nil || n != 1 {
+		t.Fatalf("Sweep = %d, %v; want 1 removed", n, err)
+	}
+	exists := func(f string) bool { _, err := os.Stat(filepath.Join(string(d), f)); return err == nil }
+	for f, want := range map[string]bool{"a-1.lock": true, "a-2.lock": false, "a-2.note": false, "b-1.lock": true} {
+		if exists(f) != want {
+			t.Errorf("%s exists = %v, want %v", f, !want, want)
+		}
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if _, err := d.Lock(short, "a-1"); !errors.Is(err, ErrTimeout) {
+		t.Errorf("the held lock after Sweep: %v, want ErrTimeout", err)
+	}
+	if n, err := Dir(filepath.Join(string(d), "none")).Sweep(ctx, "a-"); n != 0 || err != nil {
+		t.Errorf("Sweep of a missing directory = %d, %v", n, err)
+	}
+	if _, err := d.Sweep(ctx, "../x"); err == nil {
+		t.Error("Sweep of a prefix with a slash succeeded")
+	}
+}

@@ -54,25 +54,45 @@ type Edge struct {
 // could land after the DEL removed the attachment's, forwarding a released
 // port. The DEL waits for that nft instead (within its deadline).
 func (e Edge) lockAttachment(ctx context.Context, id portalloc.EndpointID) (func(), error) {
-	dir := e.Locks
-	if dir == "" {
-		dir = hostlock.DefaultDir
-	}
-	release, err := dir.LockWithChildren(ctx, "portmap-"+shortHash(id.String(), 32))
+	release, err := e.lockDir().LockWithChildren(ctx, attachmentLock(id))
 	if err != nil {
 		return nil, fmt.Errorf("attachment %s: %w", id, err)
 	}
 	return release, nil
 }
 
-// locked runs fn holding attachment id's lock (lockAttachment).
-func (e Edge) locked(ctx context.Context, id portalloc.EndpointID, fn func() error) error {
+func (e Edge) lockDir() hostlock.Dir {
+	if e.Locks == "" {
+		return hostlock.DefaultDir
+	}
+	return e.Locks
+}
+
+// attachmentLockPrefix begins the name of every attachment's lock.
+const attachmentLockPrefix = "portmap-"
+
+func attachmentLock(id portalloc.EndpointID) string {
+	return attachmentLockPrefix + shortHash(id.String(), 32)
+}
+
+// locked runs fn holding attachment id's lock (lockAttachment). With
+// discard, a successful fn ends the attachment: its lock file is removed
+// before the lock is let go (hostlock.Dir.Discard), so that a host does
+// not keep one file for every attachment it ever had.
+func (e Edge) locked(ctx context.Context, id portalloc.EndpointID, discard bool, fn func() error) error {
 	unlock, err := e.lockAttachment(ctx, id)
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	return fn()
+	if err := fn(); err != nil {
+		return err
+	}
+	if discard {
+		// Best effort: a file left is one file, swept by the next GC.
+		_ = e.lockDir().Discard(attachmentLock(id))
+	}
+	return nil
 }
 
 // Funcs returns the skel callbacks of the five verbs.
@@ -170,7 +190,7 @@ func (e Edge) Add(args *skel.CmdArgs) error {
 			if err := needDataplane(o); err != nil {
 				return err
 			}
-			err := e.locked(ctx, id, func() (err error) {
+			err := e.locked(ctx, id, false, func() (err error) {
 				pub, err = Add(ctx, o.Ports, o.Dataplane, c, id)
 				return err
 			})
@@ -275,7 +295,7 @@ func (e Edge) Del(args *skel.CmdArgs) error {
 	}
 	return wire(e.run(c, func(ctx context.Context, o Opened) error {
 		id := attachment(c, args)
-		return e.locked(ctx, id, func() error { return Del(ctx, o.Ports, o.Dataplane, id) })
+		return e.locked(ctx, id, true, func() error { return Del(ctx, o.Ports, o.Dataplane, id) })
 	}))
 }
 
@@ -303,6 +323,14 @@ func (e Edge) GC(args *skel.CmdArgs) error {
 		cleaned, err := GC(ctx, o.Ports, o.Dataplane, c)
 		for _, m := range cleaned {
 			fmt.Fprintf(e.stderr(), "portmap-ingress: GC removed %s\n", m)
+		}
+		// The lock files no one holds: those of attachments whose DEL
+		// never came or could not remove them. A live attachment's is made
+		// again by its next call.
+		if n, serr := e.lockDir().Sweep(ctx, attachmentLockPrefix); serr != nil {
+			fmt.Fprintf(e.stderr(), "portmap-ingress: GC: sweeping lock files: %v\n", serr)
+		} else if n > 0 {
+			fmt.Fprintf(e.stderr(), "portmap-ingress: GC removed %d unused lock files\n", n)
 		}
 		return err
 	}))

@@ -435,3 +435,57 @@ func TestAddAndDelWaitForTheAttachmentLock(t *testing.T) {
 		t.Fatalf("8080 after c1's DEL: %v", err)
 	}
 }
+
+// A host does not keep a lock file for every attachment it ever had: DEL
+// removes its attachment's, GC the ones no call holds; a live attachment
+// keeps its ports all along.
+func TestAttachmentLockFilesDoNotPileUp(t *testing.T) {
+	w := newWorld(memory.New())
+	e := w.edge()
+	e.Locks = hostlock.Dir(t.TempDir())
+	lockFiles := func() int {
+		m, err := filepath.Glob(filepath.Join(string(e.Locks), attachmentLockPrefix+"*.lock"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(m)
+	}
+	for i, id := range []string{"c1", "c2"} {
+		stdin := conf("h1", fmt.Sprintf(`{"hostPort":%d,"containerPort":80}`, 8080+i), "")
+		if err := e.Add(args(id, stdin)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := lockFiles(); n != 2 {
+		t.Fatalf("%d lock files after two ADDs, want 2", n)
+	}
+	if err := e.Del(args("c1", conf("h1", `{"hostPort":8080,"containerPort":80}`, ""))); err != nil {
+		t.Fatal(err)
+	}
+	if n := lockFiles(); n != 1 {
+		t.Fatalf("%d lock files after c1's DEL, want 1 (c2's)", n)
+	}
+	gc := []byte(`{"cniVersion":"1.1.0","name":"web","type":"portmap-ingress","host":"h1",
+	 "cni.dev/valid-attachments":[{"containerID":"c2","ifname":"eth0"}]}`)
+	if err := e.GC(args("", gc)); err != nil {
+		t.Fatal(err)
+	}
+	if n := lockFiles(); n != 0 {
+		t.Fatalf("%d lock files after GC, want 0", n)
+	}
+	if err := e.Add(args("c3", conf("h1", `{"hostPort":8081,"containerPort":80}`, ""))); code(err) != CodeInUse {
+		t.Fatalf("8081 after GC: %v (code %d), want %d: still c2's", err, code(err), CodeInUse)
+	}
+	// The failed ADD made c3's lock; the DEL a runtime sends after a
+	// failed ADD removes it.
+	if err := e.Del(args("c3", conf("h1", `{"hostPort":8081,"containerPort":80}`, ""))); err != nil {
+		t.Fatal(err)
+	}
+	// c2's next call makes its lock again, and its DEL removes it.
+	if err := e.Del(args("c2", conf("h1", `{"hostPort":8081,"containerPort":80}`, ""))); err != nil {
+		t.Fatal(err)
+	}
+	if n := lockFiles(); n != 0 {
+		t.Fatalf("%d lock files after c2's DEL, want 0", n)
+	}
+}
