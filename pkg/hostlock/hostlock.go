@@ -133,7 +133,7 @@ func (d Dir) Discard(name string) error {
 // next holder, so Sweep is safe at any time. It stops when ctx ends and
 // returns how many it removed.
 func (d Dir) Sweep(ctx context.Context, prefix string) (int, error) {
-	if d == "" || strings.ContainsAny(prefix, "/\x00") {
+	if d == "" || (prefix != "" && !validName(prefix)) {
 		return 0, fmt.Errorf("hostlock: bad prefix %q", prefix)
 	}
 	entries, err := os.ReadDir(string(d))
