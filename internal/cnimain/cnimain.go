@@ -1,22 +1,44 @@
-// Package cnimain is the shared entry point of ringipam's CNI plugins: it
-// bounds what a plugin reads from stdin before anything parses it, then
-// hands the verbs to skel.
+// Package cnimain is the entry point of ringipam's one-call CNI plugins
+// (ipam-ring, portmap-ingress): it reads the CNI environment and the network
+// configuration on stdin, checks them, and calls the plugin's verb.
 //
-// Contract: Run never returns. A configuration larger than MaxStdin bytes is
-// refused with CNI error code 7 ("invalid network config") after reading at
-// most MaxStdin+1 bytes, so a runaway or hostile caller cannot make the
-// plugin hold more than that in memory.
+// Contract:
+//
+//   - It behaves as the CNI library's dispatcher (containernetworking/cni
+//     pkg/skel, v1.3.0) does on every input: the same checks in the same
+//     order, the same CNI error codes, messages and details, the same version
+//     negotiation (CHECK from 0.4.0, GC and STATUS from 1.1.0), the same
+//     VERSION output, the same refusal of a CNI_NETNS that is the plugin's
+//     own namespace, and the same help text when CNI_COMMAND is unset. The
+//     package's tests run skel and this dispatcher on the same inputs and
+//     compare what each calls and prints.
+//   - It is not skel itself because importing skel links its name check's
+//     regular expression and a network-namespace library whose
+//     initialisation every call paid before doing anything (docs/benchmarks.md);
+//     the checks here are the same rules written out.
+//   - Stdin is bounded: a configuration larger than MaxStdin bytes is refused
+//     with CNI error code 7 ("invalid network config") after reading at most
+//     MaxStdin+1 bytes, so a runaway or hostile caller cannot make the plugin
+//     hold more than that in memory. VERSION does not read stdin (as skel).
+//   - Run never returns: it exits 0 on success, 1 after printing the error
+//     to stdout as CNI JSON.
 package cnimain
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"strings"
+	"unicode"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 	"golang.org/x/sys/unix"
+
+	"github.com/ringipam/ringipam/internal/jsonscan"
 )
 
 // MaxStdin is the largest network configuration a plugin accepts: far above
@@ -24,41 +46,343 @@ import (
 // would strain a node.
 const MaxStdin = 4 << 20
 
-// Run bounds stdin and runs the plugin's verbs through skel.
-func Run(funcs skel.CNIFuncs, versions version.PluginInfo, about string) {
-	if err := limitStdin(MaxStdin); err != nil {
-		e := types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
-		_ = e.Print()
-		os.Exit(1)
-	}
-	skel.PluginMainFuncs(funcs, versions, about)
+// CmdArgs is one invocation: the CNI_* environment and the configuration
+// read from stdin (the fields of skel's CmdArgs).
+type CmdArgs struct {
+	ContainerID   string
+	Netns         string
+	IfName        string
+	Args          string
+	Path          string
+	NetnsOverride string
+	StdinData     []byte
 }
 
-// limitStdin reads stdin up to max bytes and puts what it read back as
-// os.Stdin, or fails when there is more. The bytes are put back in an
-// anonymous memory file (memfd), which skel then reads like any file: no
-// pipe, and no goroutine to feed one.
-func limitStdin(max int64) error {
-	data, err := io.ReadAll(io.LimitReader(os.Stdin, max+1))
+// Funcs are a plugin's verbs. A nil verb succeeds without being called once
+// the version checks pass, as with skel.
+type Funcs struct {
+	Add, Check, Del, GC, Status func(*CmdArgs) error
+}
+
+// Run dispatches the process's invocation to funcs and exits.
+func Run(funcs Funcs, versions version.PluginInfo, about string) {
+	inv := Invocation{Getenv: os.Getenv, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}
+	if e := inv.Dispatch(funcs, versions, about); e != nil {
+		if err := e.Print(); err != nil {
+			fmt.Fprintf(os.Stderr, "Error writing error JSON to stdout: %v\n", err)
+		}
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// Invocation is where a dispatch reads its environment and stdin and
+// writes VERSION's answer and the help text.
+type Invocation struct {
+	Getenv         func(string) string
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+}
+
+// required is, for each CNI variable, the commands that need it set.
+var required = map[string][]string{
+	"CNI_COMMAND":     nil, // always
+	"CNI_CONTAINERID": {"ADD", "CHECK", "DEL"},
+	"CNI_NETNS":       {"ADD", "CHECK"},
+	"CNI_IFNAME":      {"ADD", "CHECK", "DEL"},
+	"CNI_PATH":        {"ADD", "CHECK", "DEL", "GC", "STATUS"},
+}
+
+// variables are the CNI variables in the order skel reads and reports them.
+var variables = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH", "CNI_NETNS_OVERRIDE"}
+
+func requiredFor(name, cmd string) bool {
+	for _, c := range required[name] {
+		if c == cmd {
+			return true
+		}
+	}
+	return false
+}
+
+// Dispatch runs the invocation's verb and returns the error to print, or
+// nil (also when it printed the help text).
+func (inv Invocation) Dispatch(funcs Funcs, versions version.PluginInfo, about string) *types.Error {
+	cmd, args, fields, err := inv.read()
 	if err != nil {
-		return fmt.Errorf("reading the network configuration from stdin: %w", err)
+		if err.Code == types.ErrInvalidEnvironmentVariables && inv.Getenv("CNI_COMMAND") == "" && about != "" {
+			fmt.Fprintln(inv.Stderr, about)
+			fmt.Fprintf(inv.Stderr, "CNI protocol versions supported: %s\n", strings.Join(versions.SupportedVersions(), ", "))
+			return nil
+		}
+		return err
+	}
+	switch cmd {
+	case "ADD":
+		return notOwnNetns(args, call(args, fields, versions, funcs.Add))
+	case "DEL":
+		return notOwnNetns(args, call(args, fields, versions, funcs.Del))
+	case "CHECK":
+		return callFrom("0.4.0", cmd, args, fields, versions, funcs.Check)
+	case "GC":
+		return callFrom("1.1.0", cmd, args, fields, versions, funcs.GC)
+	case "STATUS":
+		return callFrom("1.1.0", cmd, args, fields, versions, funcs.Status)
+	case "VERSION":
+		if err := versions.Encode(inv.Stdout); err != nil {
+			return types.NewError(types.ErrIOFailure, err.Error(), "")
+		}
+		return nil
+	default:
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI_COMMAND: %v", cmd), "")
+	}
+}
+
+// read gathers the environment, checks it, and reads stdin (except for
+// VERSION) and what the dispatcher needs of it.
+func (inv Invocation) read() (string, *CmdArgs, confFields, *types.Error) {
+	vals := make(map[string]string, len(variables))
+	cmd := inv.Getenv("CNI_COMMAND")
+	var missing []string
+	for _, name := range variables {
+		v := inv.Getenv(name)
+		vals[name] = v
+		need := requiredFor(name, cmd)
+		switch {
+		case v == "":
+			if need || name == "CNI_COMMAND" {
+				missing = append(missing, name)
+			}
+		case need && name == "CNI_CONTAINERID":
+			if err := validateContainerID(v); err != nil {
+				return "", nil, confFields{}, err
+			}
+		case need && name == "CNI_IFNAME":
+			if err := validateInterfaceName(v); err != nil {
+				return "", nil, confFields{}, err
+			}
+		}
+	}
+	if len(missing) > 0 {
+		return "", nil, confFields{}, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("required env variables [%s] missing", strings.Join(missing, ",")), "")
+	}
+	data := []byte{}
+	var fields confFields
+	if cmd != "VERSION" {
+		var err error
+		if data, err = readBounded(inv.Stdin, MaxStdin); err != nil {
+			var e *types.Error
+			if errors.As(err, &e) {
+				return "", nil, confFields{}, e
+			}
+			return "", nil, confFields{}, types.NewError(types.ErrIOFailure, fmt.Sprintf("error reading from stdin: %v", err), "")
+		}
+		fields = scanConf(data)
+		if e := validateConfig(data, fields); e != nil {
+			return "", nil, confFields{}, e
+		}
+	}
+	return cmd, &CmdArgs{
+		ContainerID:   vals["CNI_CONTAINERID"],
+		Netns:         vals["CNI_NETNS"],
+		IfName:        vals["CNI_IFNAME"],
+		Args:          vals["CNI_ARGS"],
+		Path:          vals["CNI_PATH"],
+		NetnsOverride: vals["CNI_NETNS_OVERRIDE"],
+		StdinData:     data,
+	}, fields, nil
+}
+
+// readBounded reads r to its end, refusing (code 7) more than max bytes
+// after reading at most max+1.
+func readBounded(r io.Reader, max int64) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, max+1))
+	if err != nil {
+		return nil, err
 	}
 	if int64(len(data)) > max {
-		return fmt.Errorf("network configuration on stdin is larger than %d bytes: refused unread", max)
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("network configuration on stdin is larger than %d bytes: refused unread", max), "")
 	}
-	fd, err := unix.MemfdCreate("cni-stdin", unix.MFD_CLOEXEC)
+	return data, nil
+}
+
+// confFields are the configuration's name and cniVersion when jsonscan
+// read them (ok); otherwise they are decoded with encoding/json as skel
+// decodes them, which also gives skel's errors.
+type confFields struct {
+	name, version string
+	ok            bool
+}
+
+func scanConf(data []byte) confFields {
+	var f confFields
+	f.ok = jsonscan.ParseMembers(data, []string{"name", "cniVersion"}, false, func(key string, val jsonscan.Value) bool {
+		s, ok := val.String()
+		if key == "name" {
+			f.name = s
+		} else {
+			f.version = s
+		}
+		return ok
+	})
+	return f
+}
+
+// version is the configuration's cniVersion, "0.1.0" when absent (as
+// skel's decoder has it).
+func (f confFields) cniVersion(data []byte) (string, error) {
+	if !f.ok {
+		return (&version.ConfigDecoder{}).Decode(data)
+	}
+	if f.version == "" {
+		return "0.1.0", nil
+	}
+	return f.version, nil
+}
+
+// validateConfig checks the configuration's name, as skel does.
+func validateConfig(data []byte, fields confFields) *types.Error {
+	name, err := fields.name, error(nil)
+	if !fields.ok {
+		name, err = networkName(data)
+	}
 	if err != nil {
-		return fmt.Errorf("re-reading stdin: %w", err)
+		return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("error unmarshall network config: %v", err), "")
 	}
-	f := os.NewFile(uintptr(fd), "stdin")
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("re-reading stdin: %w", err)
+	if name == "" {
+		return types.NewError(types.ErrInvalidNetworkConfig, "missing network name", "")
 	}
-	if _, err := f.Seek(0, io.SeekStart); err != nil {
-		f.Close()
-		return fmt.Errorf("re-reading stdin: %w", err)
+	if !validName(name) {
+		return types.NewError(types.ErrInvalidNetworkConfig, "invalid characters found in network name", name)
 	}
-	os.Stdin = f
 	return nil
+}
+
+// networkName is the configuration's "name", decoded as skel decodes it.
+func networkName(data []byte) (string, error) {
+	var conf struct {
+		Name string `json:"name"`
+	}
+	err := json.Unmarshal(data, &conf)
+	return conf.Name, err
+}
+
+// validName is the CNI rule for container IDs and network names: a letter
+// or digit, then letters, digits, '_', '.' or '-'.
+func validName(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if !alnum && (i == 0 || c != '_' && c != '.' && c != '-') {
+			return false
+		}
+	}
+	return s != ""
+}
+
+func validateContainerID(id string) *types.Error {
+	if !validName(id) {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "invalid characters in containerID", id)
+	}
+	return nil
+}
+
+// maxInterfaceName is the longest Linux interface name (IFNAMSIZ-1).
+const maxInterfaceName = 15
+
+func validateInterfaceName(name string) *types.Error {
+	if len(name) > maxInterfaceName {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "interface name is too long", fmt.Sprintf("interface name should be less than %d characters", maxInterfaceName+1))
+	}
+	if name == "." || name == ".." {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "interface name is . or ..", "")
+	}
+	for _, r := range name {
+		if r == '/' || r == ':' || unicode.IsSpace(r) {
+			return types.NewError(types.ErrInvalidEnvironmentVariables, "interface name contains / or : or whitespace characters", "")
+		}
+	}
+	return nil
+}
+
+// call checks the configuration's cniVersion against versions and calls fn.
+func call(args *CmdArgs, fields confFields, versions version.PluginInfo, fn func(*CmdArgs) error) *types.Error {
+	confVersion, err := fields.cniVersion(args.StdinData)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, err.Error(), "")
+	}
+	if verErr := (&version.Reconciler{}).Check(confVersion, versions); verErr != nil {
+		return types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions", verErr.Details())
+	}
+	if fn == nil {
+		return nil
+	}
+	if err := fn(args); err != nil {
+		var e *types.Error
+		if errors.As(err, &e) {
+			return e
+		}
+		return types.NewError(types.ErrInternal, err.Error(), "")
+	}
+	return nil
+}
+
+// callFrom calls fn only for configurations of version min or later, and
+// when the plugin speaks a version at least the configuration's.
+func callFrom(min, cmd string, args *CmdArgs, fields confFields, versions version.PluginInfo, fn func(*CmdArgs) error) *types.Error {
+	confVersion, err := fields.cniVersion(args.StdinData)
+	if err != nil {
+		return types.NewError(types.ErrDecodingFailure, err.Error(), "")
+	}
+	if ok, err := version.GreaterThanOrEqualTo(confVersion, min); err != nil {
+		return types.NewError(types.ErrDecodingFailure, err.Error(), "")
+	} else if !ok {
+		return types.NewError(types.ErrIncompatibleCNIVersion, "config version does not allow "+cmd, "")
+	}
+	for _, pluginVersion := range versions.SupportedVersions() {
+		ok, err := version.GreaterThanOrEqualTo(pluginVersion, confVersion)
+		if err != nil {
+			return types.NewError(types.ErrDecodingFailure, err.Error(), "")
+		}
+		if ok {
+			return call(args, fields, versions, fn)
+		}
+	}
+	return types.NewError(types.ErrIncompatibleCNIVersion, "plugin version does not allow "+cmd, "")
+}
+
+// notOwnNetns passes on err; after a successful ADD or DEL it refuses a
+// CNI_NETNS that is the plugin's own network namespace, unless
+// CNI_NETNS_OVERRIDE is "true" or "1" (as skel does, after the verb).
+func notOwnNetns(args *CmdArgs, err *types.Error) *types.Error {
+	if err != nil {
+		return err
+	}
+	if strings.ToUpper(args.NetnsOverride) == "TRUE" || args.NetnsOverride == "1" {
+		return nil
+	}
+	var target unix.Stat_t
+	if err := statNetns(args.Netns, &target); err != nil {
+		return nil // unusable paths are the verb's to judge; an empty one is a finished DEL
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var own unix.Stat_t
+	if err := statNetns(fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid()), &own); err != nil {
+		return types.NewError(types.ErrInvalidNetNS, "get plugin's netns failed", "")
+	}
+	if own.Dev == target.Dev && own.Ino == target.Ino {
+		return types.NewError(types.ErrInvalidNetNS, "plugin's netns and netns from CNI_NETNS should not be the same", "")
+	}
+	return nil
+}
+
+// statNetns opens path as skel does (read-only) and stats what it opened.
+func statNetns(path string, st *unix.Stat_t) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Fstat(fd, st)
 }

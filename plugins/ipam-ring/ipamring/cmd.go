@@ -7,10 +7,10 @@ import (
 	"os"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/retry"
@@ -38,8 +38,8 @@ type Edge struct {
 }
 
 // Funcs returns the skel callbacks of the five verbs.
-func (e Edge) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
+func (e Edge) Funcs() cnimain.Funcs {
+	return cnimain.Funcs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
 }
 
 func (e Edge) stdout() io.Writer {
@@ -50,30 +50,30 @@ func (e Edge) stdout() io.Writer {
 }
 
 // Add is the ADD verb.
-func (e Edge) Add(args *skel.CmdArgs) error { return e.call("ADD", args) }
+func (e Edge) Add(args *cnimain.CmdArgs) error { return e.call("ADD", args) }
 
 // Del is the DEL verb. It needs no network namespace.
-func (e Edge) Del(args *skel.CmdArgs) error { return e.call("DEL", args) }
+func (e Edge) Del(args *cnimain.CmdArgs) error { return e.call("DEL", args) }
 
 // Check is the CHECK verb.
-func (e Edge) Check(args *skel.CmdArgs) error { return e.call("CHECK", args) }
+func (e Edge) Check(args *cnimain.CmdArgs) error { return e.call("CHECK", args) }
 
 // GC is the GC verb (CNI 1.1).
-func (e Edge) GC(args *skel.CmdArgs) error { return e.call("GC", args) }
+func (e Edge) GC(args *cnimain.CmdArgs) error { return e.call("GC", args) }
 
 // Status is the STATUS verb (CNI 1.1): code 50 when ADD cannot be served.
-func (e Edge) Status(args *skel.CmdArgs) error { return e.call("STATUS", args) }
+func (e Edge) Status(args *cnimain.CmdArgs) error { return e.call("STATUS", args) }
 
 // A verb runs one CNI command on a loaded configuration under parent and
 // returns the error the runtime sees (a *types.Error, or nil).
-type verb func(e Edge, parent context.Context, c *Config, args *skel.CmdArgs) error
+type verb func(e Edge, parent context.Context, c *Config, args *cnimain.CmdArgs) error
 
 // verbs are the verbs by CNI_COMMAND.
 var verbs = map[string]verb{"ADD": Edge.add, "DEL": Edge.del, "CHECK": Edge.check, "GC": Edge.gc, "STATUS": Edge.status}
 
 // call runs the verb of command for args: through the host agent when
 // ToAgent is set and an agent serves the call, here otherwise.
-func (e Edge) call(command string, args *skel.CmdArgs) error {
+func (e Edge) call(command string, args *cnimain.CmdArgs) error {
 	if e.ToAgent {
 		if served, err := e.forward(command, args); served {
 			return err
@@ -150,11 +150,11 @@ func newAllocator(st store.Store, c *Config, locks pool.HostLocker) (*pool.Alloc
 	return a, nil
 }
 
-func attachment(args *skel.CmdArgs) Attachment {
+func attachment(args *cnimain.CmdArgs) Attachment {
 	return Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
-func (e Edge) add(parent context.Context, c *Config, args *skel.CmdArgs) error {
+func (e Edge) add(parent context.Context, c *Config, args *cnimain.CmdArgs) error {
 	if c.Chained {
 		// Chained only for GC/STATUS: pass the previous result through.
 		if c.PrevResult == nil {
@@ -174,7 +174,7 @@ func (e Edge) add(parent context.Context, c *Config, args *skel.CmdArgs) error {
 	return wire(printAs(e.stdout(), res, c.CNIVersion))
 }
 
-func (e Edge) del(parent context.Context, c *Config, args *skel.CmdArgs) error {
+func (e Edge) del(parent context.Context, c *Config, args *cnimain.CmdArgs) error {
 	if c.Chained {
 		return nil // the main plugin's IPAM delegation releases
 	}
@@ -183,7 +183,7 @@ func (e Edge) del(parent context.Context, c *Config, args *skel.CmdArgs) error {
 	}))
 }
 
-func (e Edge) check(parent context.Context, c *Config, args *skel.CmdArgs) error {
+func (e Edge) check(parent context.Context, c *Config, args *cnimain.CmdArgs) error {
 	if c.Chained {
 		return nil
 	}
@@ -192,14 +192,14 @@ func (e Edge) check(parent context.Context, c *Config, args *skel.CmdArgs) error
 	}))
 }
 
-func (e Edge) gc(parent context.Context, c *Config, _ *skel.CmdArgs) error {
+func (e Edge) gc(parent context.Context, c *Config, _ *cnimain.CmdArgs) error {
 	return wire(e.run(parent, c, func(ctx context.Context, a Allocator) error {
 		_, err := GC(ctx, a, c)
 		return err
 	}))
 }
 
-func (e Edge) status(parent context.Context, c *Config, _ *skel.CmdArgs) error {
+func (e Edge) status(parent context.Context, c *Config, _ *cnimain.CmdArgs) error {
 	err := e.run(parent, c, func(ctx context.Context, a Allocator) error {
 		return Status(ctx, a, c)
 	})

@@ -9,9 +9,9 @@ import (
 	"os"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/internal/jsonscan"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
@@ -46,7 +46,7 @@ import (
 // forward sends the invocation of command to the host agent. served is
 // false when the plugin must run the call itself; otherwise err is what
 // the runtime sees.
-func (e Edge) forward(command string, args *skel.CmdArgs) (served bool, err error) {
+func (e Edge) forward(command string, args *cnimain.CmdArgs) (served bool, err error) {
 	sock, timeout := agentSocketOf(args.StdinData)
 	if sock == "" {
 		return false, nil
@@ -171,7 +171,7 @@ func (s AgentInvoker) Accept(inv *relay.Invocation) (func(context.Context) relay
 	if err != nil || !s.Config.SameStore(c.Store) {
 		return nil, 0, false
 	}
-	args := &skel.CmdArgs{ContainerID: inv.ContainerID, Netns: inv.Netns, IfName: inv.IfName,
+	args := &cnimain.CmdArgs{ContainerID: inv.ContainerID, Netns: inv.Netns, IfName: inv.IfName,
 		Args: inv.Args, Path: inv.Path, StdinData: inv.Stdin}
 	locks := s.HostLocks
 	if locks == nil {

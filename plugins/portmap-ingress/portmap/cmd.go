@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/retry"
@@ -96,8 +96,8 @@ func (e Edge) locked(ctx context.Context, id portalloc.EndpointID, discard bool,
 }
 
 // Funcs returns the skel callbacks of the five verbs.
-func (e Edge) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
+func (e Edge) Funcs() cnimain.Funcs {
+	return cnimain.Funcs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
 }
 
 func (e Edge) stderr() io.Writer {
@@ -168,14 +168,14 @@ func needDataplane(o Opened) error {
 	return nil
 }
 
-func attachment(c *Config, args *skel.CmdArgs) portalloc.EndpointID {
+func attachment(c *Config, args *cnimain.CmdArgs) portalloc.EndpointID {
 	return portalloc.EndpointID{Network: c.Network, ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
 // Add is the ADD verb: publish, then pass prevResult on with the chosen
 // ports added under "portMappings" (see publishedResult). The chosen ports
 // are also logged on stderr and kept in the store (see README).
-func (e Edge) Add(args *skel.CmdArgs) error {
+func (e Edge) Add(args *cnimain.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
 	if err != nil {
 		return wire(err)
@@ -288,7 +288,7 @@ func (e Edge) log(id portalloc.EndpointID, c *Config, pub Published) {
 }
 
 // Del is the DEL verb. It needs neither mappings nor prevResult.
-func (e Edge) Del(args *skel.CmdArgs) error {
+func (e Edge) Del(args *cnimain.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
 	if err != nil {
 		return wire(err)
@@ -300,7 +300,7 @@ func (e Edge) Del(args *skel.CmdArgs) error {
 }
 
 // Check is the CHECK verb.
-func (e Edge) Check(args *skel.CmdArgs) error {
+func (e Edge) Check(args *cnimain.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
 	if err != nil {
 		return wire(err)
@@ -314,7 +314,7 @@ func (e Edge) Check(args *skel.CmdArgs) error {
 }
 
 // GC is the GC verb (CNI 1.1).
-func (e Edge) GC(args *skel.CmdArgs) error {
+func (e Edge) GC(args *cnimain.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
 	if err != nil {
 		return wire(err)
@@ -338,7 +338,7 @@ func (e Edge) GC(args *skel.CmdArgs) error {
 
 // Status is the STATUS verb (CNI 1.1): code 50 when ADD cannot be served
 // (store unreachable, no packet filter tool, its table unreadable).
-func (e Edge) Status(args *skel.CmdArgs) error {
+func (e Edge) Status(args *cnimain.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
 	if err != nil {
 		return wire(err)
