@@ -80,7 +80,7 @@ type Store struct {
 	sem chan struct{}
 	// held is the file kept open by Hold (nil when not held), and holds
 	// the number of Holds not yet released; both guarded by sem.
-	held  *bolt.DB
+	held  *openDB
 	holds int
 }
 
@@ -283,7 +283,7 @@ func (s *Store) Hold(ctx context.Context) (release func(), err error) {
 		s.sem <- struct{}{}
 		defer func() { <-s.sem }()
 		if s.holds--; s.holds == 0 {
-			_ = s.held.Close()
+			_ = s.held.close()
 			s.held = nil
 		}
 	}, nil
@@ -338,7 +338,7 @@ func (s *Store) with(ctx context.Context, readOnly bool, fn func(*bolt.DB) error
 	}
 	defer func() { <-s.sem }()
 	if s.held != nil {
-		return s.run(s.held, fn)
+		return s.run(s.held.DB, fn)
 	}
 	if readOnly {
 		if _, err := os.Stat(s.path); errors.Is(err, os.ErrNotExist) {
@@ -357,8 +357,8 @@ func (s *Store) with(ctx context.Context, readOnly bool, fn func(*bolt.DB) error
 	}
 	// A failing close cannot undo what fn read or durably committed, so it
 	// must not turn a successful call into a reported failure.
-	defer func() { _ = db.Close() }()
-	return s.run(db, fn)
+	defer func() { _ = db.close() }()
+	return s.run(db.DB, fn)
 }
 
 // run calls fn on db and wraps its error with the file's path.
@@ -402,11 +402,11 @@ var errLockTimeout = errors.New("lock timeout")
 // kernel until the deadline (bbolt's own loop sleeps 50 ms between
 // attempts, which would idle the file under contention); bbolt's flock on
 // the same descriptor then succeeds at once.
-func (s *Store) open(ctx context.Context, readOnly bool, deadline time.Time) (*bolt.DB, error) {
-	locked := false
+func (s *Store) open(ctx context.Context, readOnly bool, deadline time.Time) (*openDB, error) {
+	var locked *os.File
 	openFile := func(name string, flag int, mode os.FileMode) (*os.File, error) {
 		f, err := hostlock.OpenFile(name, flag, mode)
-		if err != nil || locked {
+		if err != nil || locked != nil {
 			return f, err
 		}
 		how := unix.LOCK_EX
@@ -417,7 +417,7 @@ func (s *Store) open(ctx context.Context, readOnly bool, deadline time.Time) (*b
 			f.Close()
 			return nil, err
 		}
-		locked = true
+		locked = f
 		return f, nil
 	}
 	remaining := time.Until(deadline)
@@ -431,7 +431,7 @@ func (s *Store) open(ctx context.Context, readOnly bool, deadline time.Time) (*b
 	})
 	switch {
 	case err == nil:
-		return db, nil
+		return &openDB{DB: db, locked: locked}, nil
 	case errors.Is(err, errLockTimeout):
 		return nil, fmt.Errorf("%w: local store %s: another process holds its lock (waited %s)", store.ErrUnavailable, s.path, s.timeout)
 	case ctx.Err() != nil:
@@ -439,6 +439,25 @@ func (s *Store) open(ctx context.Context, readOnly bool, deadline time.Time) (*b
 	default:
 		return nil, fmt.Errorf("local store %s: open: %w", s.path, err)
 	}
+}
+
+// openDB is a bbolt file opened by Store.open, with the descriptor that
+// holds its flock.
+type openDB struct {
+	*bolt.DB
+	locked *os.File
+}
+
+// close lets go of the flock, then closes the file. bbolt's own Close
+// unmaps the file before it unlocks; the unmap, in a process whose threads
+// ran on several CPUs, waits for the others to flush their TLBs, and other
+// processes need not wait for that: nothing reads the map once the call is
+// done.
+func (db *openDB) close() error {
+	if db.locked != nil {
+		_ = unix.Flock(int(db.locked.Fd()), unix.LOCK_UN)
+	}
+	return db.DB.Close()
 }
 
 // lockFile waits for flock(how) on f until ctx ends or the deadline passes
