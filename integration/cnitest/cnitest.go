@@ -276,7 +276,7 @@ const NoNetNS = "/var/run/netns/ipam-only-none"
 
 // ExecIPAM invokes the ipam-ring binary directly, as a main plugin invokes
 // its IPAM plugin. conf is the network configuration (with "ipam"). Only
-// ADD and CHECK get a CNI_NETNS (skel requires one); DEL runs without. ADD
+// ADD and CHECK get a CNI_NETNS (the CNI dispatcher requires one); DEL runs without. ADD
 // returns its result; the other verbs nil.
 func ExecIPAM(cmd string, conf []byte, containerID, cniArgs string) (*current.Result, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), OpTimeout)

@@ -21,7 +21,7 @@ import (
 // SupportedVersions are the CNI spec versions ipam-ring speaks.
 var SupportedVersions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
-// Edge runs the verbs for skel: load config, open the store, call the core,
+// Edge runs the verbs for cnimain: load config, open the store, call the core,
 // print, map errors. The zero value opens the configured store and prints to
 // os.Stdout.
 type Edge struct {
@@ -37,7 +37,7 @@ type Edge struct {
 	ToAgent bool
 }
 
-// Funcs returns the skel callbacks of the five verbs.
+// Funcs returns the five verbs for cnimain.Run.
 func (e Edge) Funcs() cnimain.Funcs {
 	return cnimain.Funcs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
 }

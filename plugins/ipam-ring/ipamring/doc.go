@@ -2,9 +2,10 @@
 // and validates the plugin's configuration once, at the door (Load), and runs
 // the five CNI verbs (Add, Del, Check, GC, Status) against a pool allocator,
 // returning results instead of printing them. Edge is the thin edge that
-// skel calls: its verbs load the configuration, open the store,
-// call the core, print the result and turn every error into a CNI error
-// (CNIError), so that skel never has to invent code 999.
+// the CNI dispatcher (internal/cnimain) calls: its verbs load the
+// configuration, open the store, call the core, print the result and turn
+// every error into a CNI error (CNIError), so that the dispatcher never has
+// to invent code 999.
 //
 // Contracts:
 //   - Load never touches the store or the network. Every error it returns

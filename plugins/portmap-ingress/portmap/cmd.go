@@ -33,7 +33,7 @@ type Opened struct {
 	Close     func() error
 }
 
-// Edge runs the verbs for skel: load config, open the store and the data
+// Edge runs the verbs for cnimain: load config, open the store and the data
 // path, call the core, print, map errors. The zero value opens the
 // configured store and data path and prints to os.Stdout.
 type Edge struct {
@@ -95,7 +95,7 @@ func (e Edge) locked(ctx context.Context, id portalloc.EndpointID, discard bool,
 	return nil
 }
 
-// Funcs returns the skel callbacks of the five verbs.
+// Funcs returns the five verbs for cnimain.Run.
 func (e Edge) Funcs() cnimain.Funcs {
 	return cnimain.Funcs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
 }
