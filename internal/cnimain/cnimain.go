@@ -31,6 +31,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"unicode"
 
@@ -84,25 +85,50 @@ type Invocation struct {
 	Stdout, Stderr io.Writer
 }
 
-// required is, for each CNI variable, the commands that need it set.
-var required = map[string][]string{
-	"CNI_COMMAND":     nil, // always
-	"CNI_CONTAINERID": {"ADD", "CHECK", "DEL"},
-	"CNI_NETNS":       {"ADD", "CHECK"},
-	"CNI_IFNAME":      {"ADD", "CHECK", "DEL"},
-	"CNI_PATH":        {"ADD", "CHECK", "DEL", "GC", "STATUS"},
+// cniVariable is one CNI_* variable as skel reads it: the commands that
+// need it set (CNI_COMMAND is needed by every one), the check of a value a
+// command needs, and where the value goes.
+type cniVariable struct {
+	name     string
+	neededBy []string
+	check    func(string) *types.Error
+	field    func(*CmdArgs) *string
 }
 
 // variables are the CNI variables in the order skel reads and reports them.
-var variables = []string{"CNI_COMMAND", "CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_ARGS", "CNI_PATH", "CNI_NETNS_OVERRIDE"}
+var variables = []cniVariable{
+	{name: "CNI_COMMAND"},
+	{"CNI_CONTAINERID", []string{"ADD", "CHECK", "DEL"}, validateContainerID, func(a *CmdArgs) *string { return &a.ContainerID }},
+	{"CNI_NETNS", []string{"ADD", "CHECK"}, nil, func(a *CmdArgs) *string { return &a.Netns }},
+	{"CNI_IFNAME", []string{"ADD", "CHECK", "DEL"}, validateInterfaceName, func(a *CmdArgs) *string { return &a.IfName }},
+	{"CNI_ARGS", nil, nil, func(a *CmdArgs) *string { return &a.Args }},
+	{"CNI_PATH", []string{"ADD", "CHECK", "DEL", "GC", "STATUS"}, nil, func(a *CmdArgs) *string { return &a.Path }},
+	{"CNI_NETNS_OVERRIDE", nil, nil, func(a *CmdArgs) *string { return &a.NetnsOverride }},
+}
 
-func requiredFor(name, cmd string) bool {
-	for _, c := range required[name] {
-		if c == cmd {
-			return true
-		}
+// A verb is a command's function, the first configuration version that
+// allows it ("" for any) and whether its CNI_NETNS must not be the
+// plugin's own.
+type verb struct {
+	fn         func(*CmdArgs) error
+	since      string
+	checkNetns bool
+}
+
+func (f Funcs) verb(cmd string) (verb, bool) {
+	switch cmd {
+	case "ADD":
+		return verb{f.Add, "", true}, true
+	case "DEL":
+		return verb{f.Del, "", true}, true
+	case "CHECK":
+		return verb{f.Check, "0.4.0", false}, true
+	case "GC":
+		return verb{f.GC, "1.1.0", false}, true
+	case "STATUS":
+		return verb{f.Status, "1.1.0", false}, true
 	}
-	return false
+	return verb{}, false
 }
 
 // Dispatch runs the invocation's verb and returns the error to print, or
@@ -117,48 +143,49 @@ func (inv Invocation) Dispatch(funcs Funcs, versions version.PluginInfo, about s
 		}
 		return err
 	}
-	switch cmd {
-	case "ADD":
-		return notOwnNetns(args, call(args, fields, versions, funcs.Add))
-	case "DEL":
-		return notOwnNetns(args, call(args, fields, versions, funcs.Del))
-	case "CHECK":
-		return callFrom("0.4.0", cmd, args, fields, versions, funcs.Check)
-	case "GC":
-		return callFrom("1.1.0", cmd, args, fields, versions, funcs.GC)
-	case "STATUS":
-		return callFrom("1.1.0", cmd, args, fields, versions, funcs.Status)
-	case "VERSION":
+	if cmd == "VERSION" {
 		if err := versions.Encode(inv.Stdout); err != nil {
 			return types.NewError(types.ErrIOFailure, err.Error(), "")
 		}
 		return nil
-	default:
+	}
+	v, ok := funcs.verb(cmd)
+	if !ok {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI_COMMAND: %v", cmd), "")
 	}
+	confVersion, verr := fields.cniVersion(args.StdinData)
+	if verr != nil {
+		return types.NewError(types.ErrDecodingFailure, verr.Error(), "")
+	}
+	if v.since != "" {
+		return callFrom(v.since, cmd, args, confVersion, versions, v.fn)
+	}
+	e := call(args, confVersion, versions, v.fn)
+	if v.checkNetns {
+		e = notOwnNetns(args, e)
+	}
+	return e
 }
 
 // read gathers the environment, checks it, and reads stdin (except for
 // VERSION) and what the dispatcher needs of it.
 func (inv Invocation) read() (string, *CmdArgs, confFields, *types.Error) {
-	vals := make(map[string]string, len(variables))
 	cmd := inv.Getenv("CNI_COMMAND")
+	args := &CmdArgs{StdinData: []byte{}}
 	var missing []string
-	for _, name := range variables {
-		v := inv.Getenv(name)
-		vals[name] = v
-		need := requiredFor(name, cmd)
+	for _, v := range variables {
+		val := inv.Getenv(v.name)
+		if v.field != nil {
+			*v.field(args) = val
+		}
+		needed := slices.Contains(v.neededBy, cmd)
 		switch {
-		case v == "":
-			if need || name == "CNI_COMMAND" {
-				missing = append(missing, name)
+		case val == "":
+			if needed || v.name == "CNI_COMMAND" {
+				missing = append(missing, v.name)
 			}
-		case need && name == "CNI_CONTAINERID":
-			if err := validateContainerID(v); err != nil {
-				return "", nil, confFields{}, err
-			}
-		case need && name == "CNI_IFNAME":
-			if err := validateInterfaceName(v); err != nil {
+		case needed && v.check != nil:
+			if err := v.check(val); err != nil {
 				return "", nil, confFields{}, err
 			}
 		}
@@ -166,39 +193,27 @@ func (inv Invocation) read() (string, *CmdArgs, confFields, *types.Error) {
 	if len(missing) > 0 {
 		return "", nil, confFields{}, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("required env variables [%s] missing", strings.Join(missing, ",")), "")
 	}
-	data := []byte{}
-	var fields confFields
-	if cmd != "VERSION" {
-		var err error
-		if data, err = readBounded(inv.Stdin, MaxStdin); err != nil {
-			var e *types.Error
-			if errors.As(err, &e) {
-				return "", nil, confFields{}, e
-			}
-			return "", nil, confFields{}, types.NewError(types.ErrIOFailure, fmt.Sprintf("error reading from stdin: %v", err), "")
-		}
-		fields = scanConf(data)
-		if e := validateConfig(data, fields); e != nil {
-			return "", nil, confFields{}, e
-		}
+	if cmd == "VERSION" {
+		return cmd, args, confFields{}, nil
 	}
-	return cmd, &CmdArgs{
-		ContainerID:   vals["CNI_CONTAINERID"],
-		Netns:         vals["CNI_NETNS"],
-		IfName:        vals["CNI_IFNAME"],
-		Args:          vals["CNI_ARGS"],
-		Path:          vals["CNI_PATH"],
-		NetnsOverride: vals["CNI_NETNS_OVERRIDE"],
-		StdinData:     data,
-	}, fields, nil
+	data, e := readBounded(inv.Stdin, MaxStdin)
+	if e != nil {
+		return "", nil, confFields{}, e
+	}
+	args.StdinData = data
+	fields := scanConf(data)
+	if e := validateConfig(data, fields); e != nil {
+		return "", nil, confFields{}, e
+	}
+	return cmd, args, fields, nil
 }
 
 // readBounded reads r to its end, refusing (code 7) more than max bytes
 // after reading at most max+1.
-func readBounded(r io.Reader, max int64) ([]byte, error) {
+func readBounded(r io.Reader, max int64) ([]byte, *types.Error) {
 	data, err := io.ReadAll(io.LimitReader(r, max+1))
 	if err != nil {
-		return nil, err
+		return nil, types.NewError(types.ErrIOFailure, fmt.Sprintf("error reading from stdin: %v", err), "")
 	}
 	if int64(len(data)) > max {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("network configuration on stdin is larger than %d bytes: refused unread", max), "")
@@ -242,12 +257,12 @@ func (f confFields) cniVersion(data []byte) (string, error) {
 
 // validateConfig checks the configuration's name, as skel does.
 func validateConfig(data []byte, fields confFields) *types.Error {
-	name, err := fields.name, error(nil)
+	name := fields.name
 	if !fields.ok {
-		name, err = networkName(data)
-	}
-	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("error unmarshall network config: %v", err), "")
+		var err error
+		if name, err = networkName(data); err != nil {
+			return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("error unmarshall network config: %v", err), "")
+		}
 	}
 	if name == "" {
 		return types.NewError(types.ErrInvalidNetworkConfig, "missing network name", "")
@@ -305,12 +320,8 @@ func validateInterfaceName(name string) *types.Error {
 	return nil
 }
 
-// call checks the configuration's cniVersion against versions and calls fn.
-func call(args *CmdArgs, fields confFields, versions version.PluginInfo, fn func(*CmdArgs) error) *types.Error {
-	confVersion, err := fields.cniVersion(args.StdinData)
-	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, err.Error(), "")
-	}
+// call checks the configuration's version against versions and calls fn.
+func call(args *CmdArgs, confVersion string, versions version.PluginInfo, fn func(*CmdArgs) error) *types.Error {
 	if verErr := (&version.Reconciler{}).Check(confVersion, versions); verErr != nil {
 		return types.NewError(types.ErrIncompatibleCNIVersion, "incompatible CNI versions", verErr.Details())
 	}
@@ -329,11 +340,7 @@ func call(args *CmdArgs, fields confFields, versions version.PluginInfo, fn func
 
 // callFrom calls fn only for configurations of version min or later, and
 // when the plugin speaks a version at least the configuration's.
-func callFrom(min, cmd string, args *CmdArgs, fields confFields, versions version.PluginInfo, fn func(*CmdArgs) error) *types.Error {
-	confVersion, err := fields.cniVersion(args.StdinData)
-	if err != nil {
-		return types.NewError(types.ErrDecodingFailure, err.Error(), "")
-	}
+func callFrom(min, cmd string, args *CmdArgs, confVersion string, versions version.PluginInfo, fn func(*CmdArgs) error) *types.Error {
 	if ok, err := version.GreaterThanOrEqualTo(confVersion, min); err != nil {
 		return types.NewError(types.ErrDecodingFailure, err.Error(), "")
 	} else if !ok {
@@ -345,7 +352,7 @@ func callFrom(min, cmd string, args *CmdArgs, fields confFields, versions versio
 			return types.NewError(types.ErrDecodingFailure, err.Error(), "")
 		}
 		if ok {
-			return call(args, fields, versions, fn)
+			return call(args, confVersion, versions, fn)
 		}
 	}
 	return types.NewError(types.ErrIncompatibleCNIVersion, "plugin version does not allow "+cmd, "")
