@@ -10,12 +10,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
+	"golang.org/x/sys/unix"
+
+	"github.com/ringipam/ringipam/integration/netns"
 )
 
 // outcome is what one dispatch did: the verbs it called with their
@@ -238,5 +243,45 @@ func TestIPAMRingLinksNoSkel(t *testing.T) {
 				t.Errorf("ipam-ring links %s", banned)
 			}
 		}
+	}
+}
+
+// TestOwnNetnsIsTheCallingThreads: like skel, the refusal of the plugin's
+// own network namespace compares CNI_NETNS with the namespace of the thread
+// that runs the check, which the lock-free /proc/thread-self names. A
+// thread moved into a namespace of its own must be refused that namespace
+// and allowed the process's: /proc/self (the first thread) would get both
+// wrong.
+func TestOwnNetnsIsTheCallingThreads(t *testing.T) {
+	netns.RequireRoot(t)
+	type verdicts struct{ own, leaders *types.Error }
+	got := make(chan verdicts, 1)
+	failed := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread, in a namespace of its own, ends
+		// with this goroutine instead of going back to the runtime.
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			failed <- fmt.Errorf("unshare: %w", err)
+			return
+		}
+		threads := fmt.Sprintf("/proc/%d/task/%d/ns/net", os.Getpid(), unix.Gettid())
+		got <- verdicts{
+			own:     notOwnNetns(&CmdArgs{Netns: threads}, nil),
+			leaders: notOwnNetns(&CmdArgs{Netns: fmt.Sprintf("/proc/%d/ns/net", os.Getpid())}, nil),
+		}
+	}()
+	select {
+	case err := <-failed:
+		t.Fatal(err)
+	case v := <-got:
+		if v.own == nil || v.own.Code != types.ErrInvalidNetNS || !strings.Contains(v.own.Msg, "should not be the same") {
+			t.Errorf("the thread's own namespace: got %v, want code %d refusing it", v.own, types.ErrInvalidNetNS)
+		}
+		if v.leaders != nil {
+			t.Errorf("the first thread's namespace, not this thread's: got %v, want it allowed", v.leaders)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the check did not return within 10s")
 	}
 }
