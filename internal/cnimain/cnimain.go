@@ -40,6 +40,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ringipam/ringipam/internal/jsonscan"
+	"github.com/ringipam/ringipam/internal/oneproc"
 )
 
 // MaxStdin is the largest network configuration a plugin accepts: far above
@@ -65,8 +66,11 @@ type Funcs struct {
 	Add, Check, Del, GC, Status func(*CmdArgs) error
 }
 
-// Run dispatches the process's invocation to funcs and exits.
+// Run dispatches the process's invocation to funcs and exits. The process
+// runs on one processor (internal/oneproc) unless its environment sets
+// GOMAXPROCS.
 func Run(funcs Funcs, versions version.PluginInfo, about string) {
+	oneproc.RespectEnvironment(os.LookupEnv)
 	inv := Invocation{Getenv: os.Getenv, Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}
 	if e := inv.Dispatch(funcs, versions, about); e != nil {
 		if err := e.Print(); err != nil {

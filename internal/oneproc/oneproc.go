@@ -1,6 +1,6 @@
-// Package oneproc is imported, for its effect alone, by the plugins that live
-// for one call (ipam-ring, portmap-ingress). Its init sets GOMAXPROCS to 1
-// unless the environment sets GOMAXPROCS itself.
+// Package oneproc is imported, through internal/cnimain, by the plugins that
+// live for one call (ipam-ring, portmap-ingress). Its init sets GOMAXPROCS
+// to 1 unless the environment sets GOMAXPROCS itself.
 //
 // A plugin runs one call on one goroutine (and, at most, a goroutine waiting
 // in the kernel for a lock). With a processor per CPU, every goroutine the
@@ -11,10 +11,21 @@
 // second, and one call alone no slower (docs/DESIGN-NOTES.md). Long-running
 // programs (the agent, the Docker driver) keep the default.
 //
-// The package imports nothing but runtime and syscall, so that its init is
-// among the first to run: the processor it removes has then cached little
-// memory that the runtime must hand back (one call's CPU was 8% lower than
-// with the init after package os's).
+// The package imports nothing but runtime, so that its init is among the
+// first to run (the third after the runtime's in ipam-ring): the processor it removes has then
+// cached little memory that the runtime must hand back. Each span it has
+// cached goes back to a list the process has not touched yet, a fresh page
+// each; about half the processes of an 8-way burst gave back 18-25 spans
+// when the init came after package syscall's (to read the environment), and
+// 4-7 since (4% less CPU per ADD, docs/DESIGN-NOTES.md).
+//
+// Without syscall the init cannot read the environment. It reads what the
+// runtime made of it instead: a GOMAXPROCS other than the CPU count can
+// only come from the environment (the plugins build with
+// containermaxprocs=0, so the runtime's own choice is the CPU count), and
+// then the init leaves it. The one case it cannot tell, GOMAXPROCS set to
+// the CPU count, is settled by RespectEnvironment, which cnimain.Run calls
+// first thing with os.LookupEnv.
 //
 // The same init grows the main goroutine's stack to 16 KiB while the stack
 // is still shallow. A goroutine starts with 2 KiB and the runtime doubles
@@ -27,15 +38,32 @@
 // (docs/DESIGN-NOTES.md).
 package oneproc
 
-import (
-	"runtime"
-	"syscall"
-)
+import "runtime"
+
+// lowered is the processor count the init found and lowered to 1 (0 when it
+// left the count alone).
+var lowered int
 
 func init() {
 	growStack()
-	if _, set := syscall.Getenv("GOMAXPROCS"); !set {
+	if n := runtime.GOMAXPROCS(0); n > 1 && n == runtime.NumCPU() {
 		runtime.GOMAXPROCS(1)
+		lowered = n
+	}
+}
+
+// RespectEnvironment gives the processors back when lookupEnv (os.LookupEnv)
+// shows GOMAXPROCS set: the init lowered a count equal to the CPUs', which
+// the environment may have asked for. A GOMAXPROCS the runtime ignored
+// (not a positive number) gets the runtime's default back, the CPU count,
+// as it would have without this package.
+func RespectEnvironment(lookupEnv func(string) (string, bool)) {
+	if lowered == 0 {
+		return
+	}
+	if _, set := lookupEnv("GOMAXPROCS"); set {
+		runtime.GOMAXPROCS(lowered)
+		lowered = 0
 	}
 }
 

@@ -1,3 +1,6 @@
+// As the plugins are built: the runtime's own GOMAXPROCS is the CPU count.
+//go:debug containermaxprocs=0
+
 package oneproc
 
 import (
@@ -10,10 +13,12 @@ import (
 	"testing"
 )
 
-// TestMain lets the test binary report the GOMAXPROCS its init left, for
+// TestMain lets the test binary report the GOMAXPROCS its init left once
+// the environment is respected (as cnimain.Run does first), for
 // TestProcessors to run it under different environments.
 func TestMain(m *testing.M) {
 	if os.Getenv("ONEPROC_REPORT") != "" {
+		RespectEnvironment(os.LookupEnv)
 		os.Stdout.WriteString(strconv.Itoa(runtime.GOMAXPROCS(0)))
 		os.Exit(0)
 	}
@@ -21,12 +26,23 @@ func TestMain(m *testing.M) {
 }
 
 func TestProcessors(t *testing.T) {
+	cpus := runtime.NumCPU()
+	if cpus < 2 {
+		t.Fatalf("needs at least 2 CPUs to tell 1 processor from the default, have %d", cpus)
+	}
 	for _, c := range []struct {
 		env  string // GOMAXPROCS in the environment; "" for none
 		want int
 	}{
 		{"", 1},
-		{"3", 3},
+		{strconv.Itoa(cpus + 1), cpus + 1},
+		{"1", 1},
+		// The count the init cannot tell from the runtime's own choice:
+		// RespectEnvironment gives it back.
+		{strconv.Itoa(cpus), cpus},
+		// Ignored by the runtime (not a positive number): its default.
+		{"0", cpus},
+		{"many", cpus},
 	} {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = slices.DeleteFunc(append(os.Environ(), "ONEPROC_REPORT=1"), func(e string) bool {
@@ -46,8 +62,8 @@ func TestProcessors(t *testing.T) {
 }
 
 // TestPluginsUseIt checks that both one-call plugins link the package and
-// that it imports nothing but runtime and syscall (so that its init runs
-// among the first).
+// that it imports nothing but runtime (so that its init runs among the
+// first).
 func TestPluginsUseIt(t *testing.T) {
 	const self = "github.com/ringipam/ringipam/internal/oneproc"
 	for _, pkg := range []string{"../../plugins/ipam-ring", "../../plugins/portmap-ingress"} {
@@ -63,7 +79,7 @@ func TestPluginsUseIt(t *testing.T) {
 	if err != nil {
 		t.Fatalf("go list: %v\n%s", err, out)
 	}
-	if got := strings.TrimSpace(string(out)); got != "runtime syscall" {
-		t.Errorf("oneproc imports %q, want only runtime and syscall", got)
+	if got := strings.TrimSpace(string(out)); got != "runtime" {
+		t.Errorf("oneproc imports %q, want only runtime", got)
 	}
 }

@@ -1,7 +1,8 @@
 // The plugins live for one call: GOMAXPROCS from the CPUs is enough, and
 // reading the cgroup's CPU limit at start-up (mountinfo, cgroup files) and
 // watching it afterwards cost every call about 0.1 ms of CPU
-// (docs/benchmarks.md).
+// (docs/benchmarks.md). internal/oneproc relies on it: a GOMAXPROCS other
+// than the CPU count then comes from the environment.
 //go:debug containermaxprocs=0
 //go:debug updatemaxprocs=0
 
@@ -11,8 +12,6 @@
 package main
 
 import (
-	_ "github.com/ringipam/ringipam/internal/oneproc"
-
 	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
