@@ -12,12 +12,12 @@
 // programs (the agent, the Docker driver) keep the default.
 //
 // The package imports nothing but runtime, so that its init is among the
-// first to run (the third after the runtime's in ipam-ring): the processor it removes has then
-// cached little memory that the runtime must hand back. Each span it has
+// first to run (the third after the runtime's in ipam-ring): the processor
+// it removes has then cached little memory that the runtime must hand back. Each span it has
 // cached goes back to a list the process has not touched yet, a fresh page
 // each; about half the processes of an 8-way burst gave back 18-25 spans
 // when the init came after package syscall's (to read the environment), and
-// 4-7 since (4% less CPU per ADD, docs/DESIGN-NOTES.md).
+// mostly 4-7 since, at most 15 (4% less CPU per ADD, docs/DESIGN-NOTES.md).
 //
 // Without syscall the init cannot read the environment. It reads what the
 // runtime made of it instead: a GOMAXPROCS other than the CPU count can
