@@ -247,7 +247,7 @@ func scanConf(data []byte) confFields {
 	return f
 }
 
-// version is the configuration's cniVersion, "0.1.0" when absent (as
+// cniVersion is the configuration's cniVersion, "0.1.0" when absent (as
 // skel's decoder has it).
 func (f confFields) cniVersion(data []byte) (string, error) {
 	if !f.ok {

@@ -1,6 +1,3 @@
-// As the plugins are built (internal/oneproc reads the runtime's count).
-//go:debug containermaxprocs=0
-
 package cnimain
 
 import (
@@ -25,48 +22,6 @@ import (
 
 	"github.com/ringipam/ringipam/integration/netns"
 )
-
-// TestMain lets the test binary run Run itself, as a plugin's main does,
-// for TestRunGivesTheEnvironmentsProcessors: its ADD prints the processors
-// it runs with.
-func TestMain(m *testing.M) {
-	if os.Getenv("CNIMAIN_REPORT_PROCS") != "" {
-		Run(Funcs{Add: func(*CmdArgs) error {
-			fmt.Print(runtime.GOMAXPROCS(0))
-			return nil
-		}}, version.All, "report")
-	}
-	os.Exit(m.Run())
-}
-
-// TestRunGivesTheEnvironmentsProcessors: a plugin runs on one processor
-// (internal/oneproc) unless its environment sets GOMAXPROCS, to any count,
-// the CPUs' included, which only Run can tell (it reads the environment).
-func TestRunGivesTheEnvironmentsProcessors(t *testing.T) {
-	cpus := runtime.NumCPU()
-	if cpus < 2 {
-		t.Fatalf("needs at least 2 CPUs to tell 1 processor from the default, have %d", cpus)
-	}
-	for _, c := range []struct {
-		env  string // GOMAXPROCS in the environment; "" for none
-		want int
-	}{{"", 1}, {fmt.Sprint(cpus), cpus}, {fmt.Sprint(cpus + 1), cpus + 1}} {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = []string{"CNIMAIN_REPORT_PROCS=1", "CNI_COMMAND=ADD", "CNI_CONTAINERID=c1",
-			"CNI_NETNS=/nonexistent/netns", "CNI_IFNAME=eth0", "CNI_PATH=/nonexistent"}
-		if c.env != "" {
-			cmd.Env = append(cmd.Env, "GOMAXPROCS="+c.env)
-		}
-		cmd.Stdin = strings.NewReader(`{"cniVersion":"1.0.0","name":"n","type":"t"}`)
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("GOMAXPROCS=%q: %v (%s)", c.env, err, out)
-		}
-		if got := string(out); got != fmt.Sprint(c.want) {
-			t.Errorf("GOMAXPROCS=%q in the environment: the call ran with %q processors, want %d", c.env, got, c.want)
-		}
-	}
-}
 
 // outcome is what one dispatch did: the verbs it called with their
 // arguments, what it wrote, and the error it returned.

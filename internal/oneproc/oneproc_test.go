@@ -1,9 +1,10 @@
 // As the plugins are built: the runtime's own GOMAXPROCS is the CPU count.
 //go:debug containermaxprocs=0
 
-package oneproc
+package oneproc_test
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"runtime"
@@ -11,20 +12,29 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/ringipam/ringipam/internal/cnimain"
 )
 
-// TestMain lets the test binary report the GOMAXPROCS its init left once
-// the environment is respected (as cnimain.Run does first), for
-// TestProcessors to run it under different environments.
+// TestMain lets the test binary be a plugin for TestProcessors: it runs an
+// ADD through cnimain.Run, as the plugins' mains do (the init, then Run's
+// reading of the environment), and the ADD prints the processors it runs
+// with.
 func TestMain(m *testing.M) {
 	if os.Getenv("ONEPROC_REPORT") != "" {
-		RespectEnvironment(os.LookupEnv)
-		os.Stdout.WriteString(strconv.Itoa(runtime.GOMAXPROCS(0)))
-		os.Exit(0)
+		cnimain.Run(cnimain.Funcs{Add: func(*cnimain.CmdArgs) error {
+			fmt.Print(runtime.GOMAXPROCS(0))
+			return nil
+		}}, version.All, "report")
 	}
 	os.Exit(m.Run())
 }
 
+// TestProcessors: a plugin's call runs on one processor unless its
+// environment sets GOMAXPROCS, to any count, the CPUs' included (which the
+// init cannot tell from the runtime's default, and cnimain.Run settles).
 func TestProcessors(t *testing.T) {
 	cpus := runtime.NumCPU()
 	if cpus < 2 {
@@ -45,15 +55,15 @@ func TestProcessors(t *testing.T) {
 		{"many", cpus},
 	} {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = slices.DeleteFunc(append(os.Environ(), "ONEPROC_REPORT=1"), func(e string) bool {
-			return strings.HasPrefix(e, "GOMAXPROCS=")
-		})
+		cmd.Env = []string{"ONEPROC_REPORT=1", "CNI_COMMAND=ADD", "CNI_CONTAINERID=c1",
+			"CNI_NETNS=/nonexistent/netns", "CNI_IFNAME=eth0", "CNI_PATH=/nonexistent"}
 		if c.env != "" {
 			cmd.Env = append(cmd.Env, "GOMAXPROCS="+c.env)
 		}
+		cmd.Stdin = strings.NewReader(`{"cniVersion":"1.0.0","name":"n","type":"t"}`)
 		out, err := cmd.Output()
 		if err != nil {
-			t.Fatalf("GOMAXPROCS=%q: %v", c.env, err)
+			t.Fatalf("GOMAXPROCS=%q: %v (%s)", c.env, err, out)
 		}
 		if got, _ := strconv.Atoi(string(out)); got != c.want {
 			t.Errorf("GOMAXPROCS=%q in the environment: the process runs with %q processors, want %d", c.env, out, c.want)
