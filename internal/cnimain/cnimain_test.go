@@ -257,10 +257,21 @@ func TestOwnNetnsIsTheCallingThreads(t *testing.T) {
 	type verdicts struct{ own, leaders *types.Error }
 	got := make(chan verdicts, 1)
 	failed := make(chan error, 1)
-	go func() {
+	var check func()
+	check = func() {
 		// Never unlocked: the thread, in a namespace of its own, ends
 		// with this goroutine instead of going back to the runtime.
 		runtime.LockOSThread()
+		if unix.Gettid() == os.Getpid() {
+			// The first thread, whose namespace is the process's: it
+			// stays locked here, idle, so that the check runs on
+			// another thread, and is given back once it is done.
+			done := make(chan struct{})
+			go func() { check(); close(done) }()
+			<-done
+			runtime.UnlockOSThread()
+			return
+		}
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 			failed <- fmt.Errorf("unshare: %w", err)
 			return
@@ -270,7 +281,8 @@ func TestOwnNetnsIsTheCallingThreads(t *testing.T) {
 			own:     notOwnNetns(&CmdArgs{Netns: threads}, nil),
 			leaders: notOwnNetns(&CmdArgs{Netns: fmt.Sprintf("/proc/%d/ns/net", os.Getpid())}, nil),
 		}
-	}()
+	}
+	go check()
 	select {
 	case err := <-failed:
 		t.Fatal(err)
