@@ -91,8 +91,14 @@ func TestLocalStoreFileIsRootOnly(t *testing.T) {
 	if r := plugin(t, "ADD", "c1", localConf(t, path)); r.err != nil {
 		t.Fatalf("ADD: %v %s %s", r.err, r.stdout, r.stderr)
 	}
-	if m := mode(t, path); m != 0o600 {
-		t.Fatalf("store file mode %v, want 0600", m)
+	if r := plugin(t, "ADD", "c2", localConf(t, path)); r.err != nil {
+		t.Fatalf("second ADD: %v %s %s", r.err, r.stdout, r.stderr)
+	}
+	// The store file, and its write-ahead log beside it.
+	for _, p := range []string{path, path + "-wal"} {
+		if m := mode(t, p); m != 0o600 {
+			t.Fatalf("%s mode %v, want 0600", p, m)
+		}
 	}
 	if m := mode(t, dir); m&0o077 != 0 {
 		t.Fatalf("store directory mode %v: readable by others", m)

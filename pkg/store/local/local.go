@@ -1,29 +1,50 @@
 // Package local is the embedded, single-host store.Store: one bbolt file on
-// the host's disk, no server.
+// the host's disk and its write-ahead log beside it ("<file>-wal"), no
+// server.
 //
 // Contract:
 //
-//   - Crash safety: every Commit is one bbolt read-write transaction, which is
-//     fsynced before Commit returns; a crash leaves the file either before or
-//     after the commit, never in between.
-//   - Many processes: the file is NOT held open between calls. Each Get, Scan
-//     and Commit opens the file, takes its flock (shared for reads, exclusive
-//     for writes), does its work and closes it again, so short-lived CNI
-//     plugin processes and a long-running driver can share one file. The one
-//     exception is Hold, which keeps the file open and exclusively locked for
-//     the calls of one operation until its release. The lock is waited for
-//     until Config.OpenTimeout (or the context's deadline, if earlier); when
-//     it cannot be obtained the call fails with an error wrapping
-//     store.ErrUnavailable that names the file and says another process holds
-//     it. No call can wait forever.
+//   - Crash safety: a Commit is durable when it returns, and a crash leaves
+//     the store as it was after some commit, never in between. A commit is
+//     one checksummed record appended to the log and flushed (one
+//     fdatasync), or, when the log is full or the commit too large for it, a
+//     checkpoint: one bbolt read-write transaction (which bbolt flushes)
+//     holding the log's records and the commit, after which the log starts
+//     again. The record format and why a torn or stale record can never be
+//     read are in wal.go.
+//   - Many processes: the files are NOT held open between calls. Each Get,
+//     Scan and Commit opens them, takes the bbolt file's flock (shared for
+//     reads, exclusive for writes), does its work and closes them again, so
+//     short-lived CNI plugin processes and a long-running driver can share
+//     one store. A commit that wrote a record lets the lock go before it
+//     waits for the record's flush, so that the flushes of several
+//     processes overlap (a process that reads meanwhile sees the record:
+//     should the machine fail before the flush, the record and every commit
+//     made after it are lost together, and none of them had returned). The
+//     one exception is Hold, which keeps the file open and exclusively
+//     locked for the calls of one operation until its release or its
+//     commit. The lock is waited for until Config.OpenTimeout (or the
+//     context's deadline, if earlier); when it cannot be obtained the call
+//     fails with an error wrapping store.ErrUnavailable that names the file
+//     and says another process holds it. No call can wait forever.
 //   - Goroutines: a Store is safe for concurrent use. Calls inside one process
 //     are serialised by an in-process lock (with the same deadline), so
 //     goroutines do not fight over the flock.
-//   - Revisions: a counter in a meta bucket, incremented once per successful
-//     Commit; each value is stored together with the revision that wrote it.
+//   - Revisions: a counter incremented once per successful Commit (the
+//     record's sequence number, or the checkpoint's, kept in a meta bucket
+//     of the bbolt file); each value is stored together with the revision
+//     that wrote it.
 //   - Errors: conflicts wrap store.ErrConflict and write nothing; lock
 //     timeouts wrap store.ErrUnavailable; other I/O errors (permissions, a
 //     corrupt file, a full disk) are returned wrapped with the file's path.
+//   - Upgrades: a file written before the log is read as it is, and its
+//     first commit is a checkpoint that starts the log. From then on the
+//     revision counter also holds the log's anchor (16 bytes instead of 8),
+//     so a ringipam from before the log refuses to commit to the file (it
+//     reports a corrupt revision counter) instead of writing past records
+//     it cannot read. Stop every ringipam process of the host (agent,
+//     Docker driver) before replacing the binaries, and back up the two
+//     files together.
 //
 // The zero value is not usable: call New.
 package local
@@ -34,6 +55,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"time"
@@ -80,7 +102,7 @@ type Store struct {
 	sem chan struct{}
 	// held is the file kept open by Hold (nil when not held), and holds
 	// the number of Holds not yet released; both guarded by sem.
-	held  *openDB
+	held  *session
 	holds int
 }
 
@@ -116,29 +138,23 @@ func New(cfg Config) (*Store, error) {
 // Path returns the absolute path of the store's file.
 func (s *Store) Path() string { return s.path }
 
-// Get implements store.Store. All keys are read in one read transaction.
+// Get implements store.Store. All keys are read at one revision.
 func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
 	out, done, err := store.StartGet(ctx, keys)
 	if done {
 		return out, err
 	}
-	err = s.view(ctx, func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketKV)
-		if b == nil {
+	err = s.with(ctx, true, func(sess *session) error {
+		return sess.db.View(func(tx *bolt.Tx) error {
+			for i, k := range keys {
+				rev, val, err := sess.lookup(tx, s.prefix+k)
+				if err != nil {
+					return fmt.Errorf("key %q: %w", k, err)
+				}
+				out[i].Value, out[i].Revision = val, rev
+			}
 			return nil
-		}
-		for i, k := range keys {
-			v := b.Get([]byte(s.prefix + k))
-			if v == nil {
-				continue
-			}
-			rev, val, err := decode(v)
-			if err != nil {
-				return fmt.Errorf("key %q: %w", k, err)
-			}
-			out[i].Value, out[i].Revision = val, rev
-		}
-		return nil
+		})
 	})
 	if err != nil {
 		return nil, err
@@ -152,24 +168,48 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 		return nil, ctx.Err() // an empty range: nothing to read
 	}
 	var out []store.KV
-	err := s.view(ctx, func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketKV)
-		if b == nil {
+	err := s.with(ctx, true, func(sess *session) error {
+		return sess.db.View(func(tx *bolt.Tx) error {
+			lo, hi := s.prefix+from, s.prefix+to
+			// The checkpoint's keys and the log's, merged in key order;
+			// the log's entry of a key is the later one.
+			logged := sess.chain.keysBetween(lo, hi)
+			var k, v []byte
+			var c *bolt.Cursor
+			if b := tx.Bucket(bucketKV); b != nil {
+				c = b.Cursor()
+				k, v = c.Seek([]byte(lo))
+			}
+			for limit <= 0 || len(out) < limit {
+				inFile := k != nil && bytes.Compare(k, []byte(hi)) < 0
+				var key string
+				var rev int64
+				var val []byte
+				switch {
+				case len(logged) > 0 && (!inFile || logged[0] <= string(k)):
+					key, logged = logged[0], logged[1:]
+					if inFile && key == string(k) {
+						k, v = c.Next()
+					}
+					e := sess.chain.entries[key]
+					if e.del {
+						continue
+					}
+					rev, val = e.rev, bytes.Clone(e.value)
+				case inFile:
+					var err error
+					if rev, val, err = decode(v); err != nil {
+						return fmt.Errorf("key %q: %w", k, err)
+					}
+					key = string(k)
+					k, v = c.Next()
+				default:
+					return nil
+				}
+				out = append(out, store.KV{Key: key[len(s.prefix):], Value: val, Revision: rev})
+			}
 			return nil
-		}
-		lo, hi := []byte(s.prefix+from), []byte(s.prefix+to)
-		c := b.Cursor()
-		for k, v := c.Seek(lo); k != nil && bytes.Compare(k, hi) < 0; k, v = c.Next() {
-			if limit > 0 && len(out) >= limit {
-				break
-			}
-			rev, val, err := decode(v)
-			if err != nil {
-				return fmt.Errorf("key %q: %w", k, err)
-			}
-			out = append(out, store.KV{Key: string(k[len(s.prefix):]), Value: val, Revision: rev})
-		}
-		return nil
+		})
 	})
 	if err != nil {
 		return nil, err
@@ -177,12 +217,51 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 	return out, nil
 }
 
-// Commit implements store.Store.
+// Commit implements store.Store. A commit that fits in the log is one
+// record written there; the others (the first commit of a file, one too
+// large for what is left of the log) are a checkpoint: one bbolt
+// transaction holding the log's chain and the commit, after which the log
+// starts again.
 func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
 	if err := store.CheckCommit(conds, ops); err != nil {
 		return fmt.Errorf("local store %s: %w", s.path, err)
 	}
-	return s.update(ctx, func(tx *bolt.Tx) error {
+	return s.with(ctx, false, func(sess *session) error {
+		rev := sess.chain.seq + 1
+		if sess.anchored {
+			rec := encodeRecord(rev, sess.chain.hash, s.prefix, ops)
+			if sess.chain.next+len(rec) <= logCapacity {
+				if err := sess.db.View(func(tx *bolt.Tx) error { return sess.check(tx, s.prefix, conds) }); err != nil {
+					return err
+				}
+				if sess.log == nil {
+					f, err := createLog(s.path + logSuffix)
+					if err != nil {
+						return err
+					}
+					sess.log = f
+				}
+				if _, err := sess.log.WriteAt(rec, int64(sess.chain.next)); err != nil {
+					return fmt.Errorf("write the write-ahead log: %w", err)
+				}
+				sess.committed, sess.flush = true, true
+				return nil
+			}
+		}
+		return s.checkpoint(sess, rev, conds, ops)
+	})
+}
+
+// checkpoint commits ops at revision rev in one bbolt transaction together
+// with the log's chain, and draws a new anchor, which ends the chain: the
+// next record is written at the log's start. bbolt flushes the
+// transaction before it returns. The commit that creates the file also
+// fsyncs its directory, so that the new file's name survives a crash as its
+// contents do.
+func (s *Store) checkpoint(sess *session, rev int64, conds []store.Cond, ops []store.Op) error {
+	fresh := false
+	err := sess.db.Update(func(tx *bolt.Tx) error {
+		fresh = tx.Bucket(bucketMeta) == nil
 		kv, err := tx.CreateBucketIfNotExists(bucketKV)
 		if err != nil {
 			return err
@@ -191,42 +270,74 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 		if err != nil {
 			return err
 		}
-		for _, c := range conds {
-			var rev int64
-			if v := kv.Get([]byte(s.prefix + c.Key)); v != nil {
-				if rev, _, err = decode(v); err != nil {
-					return fmt.Errorf("key %q: %w", c.Key, err)
-				}
-			}
-			if rev != c.Revision {
-				return fmt.Errorf("%w: key %q is at revision %d, expected %d", store.ErrConflict, c.Key, rev, c.Revision)
-			}
-		}
-		var rev int64
-		if v := meta.Get(keyRev); v != nil {
-			if len(v) != 8 {
-				return fmt.Errorf("corrupt revision counter (%d bytes)", len(v))
-			}
-			rev = int64(binary.BigEndian.Uint64(v))
-		}
-		rev++
-		if err := meta.Put(keyRev, binary.BigEndian.AppendUint64(nil, uint64(rev))); err != nil {
+		if err := sess.check(tx, s.prefix, conds); err != nil {
 			return err
+		}
+		for k, e := range sess.chain.entries {
+			if e.del {
+				err = kv.Delete([]byte(k))
+			} else {
+				err = kv.Put([]byte(k), encode(e.rev, e.value))
+			}
+			if err != nil {
+				return err
+			}
 		}
 		for _, o := range ops {
 			k := []byte(s.prefix + o.Key)
 			if o.Delete {
-				if err := kv.Delete(k); err != nil {
-					return err
-				}
-				continue
+				err = kv.Delete(k)
+			} else {
+				err = kv.Put(k, encode(rev, o.Value))
 			}
-			if err := kv.Put(k, encode(rev, o.Value)); err != nil {
+			if err != nil {
 				return err
 			}
 		}
-		return nil
+		counter := binary.BigEndian.AppendUint64(nil, uint64(rev))
+		return meta.Put(keyRev, binary.BigEndian.AppendUint64(counter, rand.Uint64()))
 	})
+	if err != nil {
+		return err
+	}
+	sess.committed = true
+	if fresh {
+		// Best effort: the commit itself is durable and applied, so a
+		// failure here must not be reported as a failed commit.
+		_ = syncDir(filepath.Dir(s.path))
+	}
+	return nil
+}
+
+// createLog creates the write-ahead log at path, logCapacity bytes of
+// zeros (no record), flushed with its directory entry; a log that exists
+// is opened as it is, and grown to its capacity if a crash cut its
+// creation short.
+func createLog(path string) (*os.File, error) {
+	f, err := hostlock.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("create the write-ahead log: %w", err)
+	}
+	fail := func(err error) (*os.File, error) {
+		f.Close()
+		return nil, fmt.Errorf("create the write-ahead log %s: %w", path, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return fail(err)
+	}
+	if st.Size() < logCapacity {
+		if _, err := f.WriteAt(make([]byte, logCapacity-st.Size()), st.Size()); err != nil {
+			return fail(err)
+		}
+		if err := unix.Fdatasync(int(f.Fd())); err != nil {
+			return fail(err)
+		}
+		if err := syncDir(filepath.Dir(path)); err != nil {
+			return fail(err)
+		}
+	}
+	return f, nil
 }
 
 // Ping checks that the file can be opened and locked within the timeout or,
@@ -238,7 +349,7 @@ func (s *Store) Ping(ctx context.Context) error {
 		}
 		return ctx.Err()
 	}
-	return s.view(ctx, func(*bolt.Tx) error { return nil })
+	return s.with(ctx, true, func(*session) error { return nil })
 }
 
 // Close implements store.Store. The file is held open between calls only
@@ -246,30 +357,32 @@ func (s *Store) Ping(ctx context.Context) error {
 func (s *Store) Close() error { return nil }
 
 // Hold opens the file for writing, under its exclusive lock, and keeps it
-// open until release is called: the calls of one operation (the reads, then
-// the commit that depends on them) then pay for one open and one lock
-// instead of one each. Until release, every Get, Scan and Commit of this
-// Store uses the held file, and other processes wait for its lock within
-// their own timeouts, as they would for one commit. Holds nest: the file is
-// closed when the last one is released.
+// open until release is called or a Commit of this Store succeeds,
+// whichever comes first: the calls of one operation (the reads, then the
+// commit that depends on them) then pay for one open and one lock instead
+// of one each. Meanwhile every Get, Scan and Commit of this Store uses the
+// held file, and other processes wait for its lock within their own
+// timeouts, as they would for one commit. The commit lets the lock go
+// before it waits for its flush; calls after it, under the same hold, open
+// and lock the file again and keep it so until the next commit or the
+// release. Holds nest: the file is closed when the last one is released.
 //
 // A file that does not exist yet is not created: Hold then keeps nothing
-// and each call opens the file as usual (the first commit creates it).
+// until a Commit under it creates the file.
 func (s *Store) Hold(ctx context.Context) (release func(), err error) {
-	if _, err := os.Stat(s.path); errors.Is(err, os.ErrNotExist) {
-		return func() {}, ctx.Err()
-	}
 	deadline, err := s.enter(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { <-s.sem }()
 	if s.held == nil {
-		db, err := s.open(ctx, false, deadline)
-		if err != nil {
-			return nil, err
+		if _, err := os.Stat(s.path); err == nil {
+			sess, err := s.begin(ctx, false, deadline)
+			if err != nil {
+				return nil, err
+			}
+			s.held = sess
 		}
-		s.held = db
 	}
 	s.holds++
 	var once bool
@@ -282,37 +395,11 @@ func (s *Store) Hold(ctx context.Context) (release func(), err error) {
 		// bounded by theirs.
 		s.sem <- struct{}{}
 		defer func() { <-s.sem }()
-		if s.holds--; s.holds == 0 {
-			_ = s.held.close()
+		if s.holds--; s.holds == 0 && s.held != nil {
+			s.held.close()
 			s.held = nil
 		}
 	}, nil
-}
-
-// view runs fn in a read transaction under a shared file lock.
-func (s *Store) view(ctx context.Context, fn func(*bolt.Tx) error) error {
-	return s.with(ctx, true, func(db *bolt.DB) error { return db.View(fn) })
-}
-
-// update runs fn in a read-write transaction under an exclusive file lock.
-// The commit that creates the file also fsyncs its directory, so that the
-// new file's name survives a crash as its contents do.
-func (s *Store) update(ctx context.Context, fn func(*bolt.Tx) error) error {
-	return s.with(ctx, false, func(db *bolt.DB) error {
-		fresh := false
-		if err := db.Update(func(tx *bolt.Tx) error {
-			fresh = tx.Bucket(bucketMeta) == nil
-			return fn(tx)
-		}); err != nil {
-			return err
-		}
-		if fresh {
-			// Best effort: the commit itself is durable and applied, so a
-			// failure here must not be reported as a failed commit.
-			_ = syncDir(filepath.Dir(s.path))
-		}
-		return nil
-	})
 }
 
 func syncDir(dir string) error {
@@ -327,25 +414,21 @@ func syncDir(dir string) error {
 	return nil
 }
 
-// with takes the in-process lock, opens the file (read-only with a shared
-// flock, or read-write with an exclusive one), runs fn and closes the file;
-// inside a Hold it runs fn on the held file. A read of a file that does not
-// exist yet runs nothing: nothing was ever committed, every key is absent.
-func (s *Store) with(ctx context.Context, readOnly bool, fn func(*bolt.DB) error) error {
-	deadline, err := s.enter(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { <-s.sem }()
-	if s.held != nil {
-		return s.run(s.held.DB, fn)
-	}
-	if readOnly {
-		if _, err := os.Stat(s.path); errors.Is(err, os.ErrNotExist) {
-			return ctx.Err()
-		}
-	}
+// session is the store as one call (or one hold) sees it: the bbolt file,
+// opened under its flock, and the log's chain on top of it.
+type session struct {
+	db       *openDB
+	log      *os.File // nil while there is no log file (or it was not needed)
+	anchored bool     // the checkpoint has an anchor: the log may hold a chain
+	chain    logChain
+	// committed: a Commit succeeded, which ends the session; flush: it
+	// wrote a record, which the log's flush makes durable.
+	committed, flush bool
+}
 
+// begin opens the file (read-only with a shared flock, or read-write with
+// an exclusive one) and reads the log's chain.
+func (s *Store) begin(ctx context.Context, readOnly bool, deadline time.Time) (*session, error) {
 	db, err := s.open(ctx, readOnly, deadline)
 	if err != nil && readOnly && !errors.Is(err, store.ErrUnavailable) && ctx.Err() == nil {
 		// A read-only open fails on a file that a writer created but has
@@ -353,23 +436,165 @@ func (s *Store) with(ctx context.Context, readOnly bool, fn func(*bolt.DB) error
 		db, err = s.open(ctx, false, deadline)
 	}
 	if err != nil {
-		return err
+		return nil, err
 	}
-	// A failing close cannot undo what fn read or durably committed, so it
-	// must not turn a successful call into a reported failure.
-	defer func() { _ = db.close() }()
-	return s.run(db.DB, fn)
+	sess := &session{db: db}
+	if err := sess.load(s.path+logSuffix, readOnly); err != nil {
+		sess.close()
+		return nil, fmt.Errorf("local store %s: %w", s.path, err)
+	}
+	return sess, nil
 }
 
-// run calls fn on db and wraps its error with the file's path.
-func (s *Store) run(db *bolt.DB, fn func(*bolt.DB) error) error {
-	if err := fn(db); err != nil {
-		if errors.Is(err, store.ErrConflict) {
-			return err
+// load reads the checkpoint's revision and anchor, then the log's chain.
+func (sess *session) load(logPath string, readOnly bool) error {
+	var rev int64
+	var anchor uint64
+	err := sess.db.View(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			return nil
 		}
-		return fmt.Errorf("local store %s: %w", s.path, err)
+		switch v := meta.Get(keyRev); len(v) {
+		case 0:
+		case 8: // written before the log: no chain
+			rev = int64(binary.BigEndian.Uint64(v))
+		case 16:
+			rev, anchor = int64(binary.BigEndian.Uint64(v)), binary.BigEndian.Uint64(v[8:])
+			sess.anchored = true
+		default:
+			return fmt.Errorf("corrupt revision counter (%d bytes)", len(v))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if sess.anchored {
+		flag := os.O_RDWR
+		if readOnly {
+			flag = os.O_RDONLY
+		}
+		f, err := hostlock.OpenFile(logPath, flag, 0)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+		case err != nil:
+			return fmt.Errorf("open the write-ahead log: %w", err)
+		default:
+			sess.log = f
+		}
+	}
+	sess.chain, err = readChain(sess.log, rev, anchor)
+	return err
+}
+
+// lookup returns key's revision and a copy of its value (0 and nil when
+// absent): the log's entry if it has one, else the checkpoint's.
+func (sess *session) lookup(tx *bolt.Tx, key string) (int64, []byte, error) {
+	if e, ok := sess.chain.entries[key]; ok {
+		if e.del {
+			return 0, nil, nil
+		}
+		return e.rev, bytes.Clone(e.value), nil
+	}
+	b := tx.Bucket(bucketKV)
+	if b == nil {
+		return 0, nil, nil
+	}
+	v := b.Get([]byte(key))
+	if v == nil {
+		return 0, nil, nil
+	}
+	return decode(v)
+}
+
+// check verifies conds (keys without the store's prefix).
+func (sess *session) check(tx *bolt.Tx, prefix string, conds []store.Cond) error {
+	for _, c := range conds {
+		rev, _, err := sess.lookup(tx, prefix+c.Key)
+		if err != nil {
+			return fmt.Errorf("key %q: %w", c.Key, err)
+		}
+		if rev != c.Revision {
+			return fmt.Errorf("%w: key %q is at revision %d, expected %d", store.ErrConflict, c.Key, rev, c.Revision)
+		}
 	}
 	return nil
+}
+
+// close lets go of the file's lock and closes it, and the log.
+func (sess *session) close() {
+	// A failing close cannot undo what was read or durably committed, so
+	// it is not reported.
+	_ = sess.db.close()
+	if sess.log != nil {
+		_ = sess.log.Close()
+	}
+}
+
+// with takes the in-process lock, runs fn on a session (the held one, or
+// one opened for the call and closed after it) and, when fn wrote a record
+// to the log, lets go of both locks before it waits for the log's flush:
+// other calls, here and in other processes, go on meanwhile, and the
+// commit returns once its record is on the disk. A read of a file that
+// does not exist yet runs nothing: nothing was ever committed, every key is
+// absent.
+func (s *Store) with(ctx context.Context, readOnly bool, fn func(*session) error) error {
+	deadline, err := s.enter(ctx)
+	if err != nil {
+		return err
+	}
+	sess, err := s.session(ctx, readOnly, deadline)
+	if err != nil || sess == nil {
+		<-s.sem
+		if err != nil {
+			return err
+		}
+		return ctx.Err()
+	}
+	err = fn(sess)
+	var flush *os.File
+	if sess.committed || s.held != sess {
+		if sess.flush {
+			flush, sess.log = sess.log, nil
+		}
+		sess.close()
+		if s.held == sess {
+			s.held = nil
+		}
+	}
+	<-s.sem
+	if flush != nil {
+		if ferr := unix.Fdatasync(int(flush.Fd())); ferr != nil && err == nil {
+			err = fmt.Errorf("flush the write-ahead log: %w", ferr)
+		}
+		_ = flush.Close()
+	}
+	if err != nil && !errors.Is(err, store.ErrConflict) {
+		return fmt.Errorf("local store %s: %w", s.path, err)
+	}
+	return err
+}
+
+// session returns the session for one call: the held one; under a hold
+// whose lock a commit let go, a new one that is then held; else one for
+// this call alone (nil for a read before the file exists).
+func (s *Store) session(ctx context.Context, readOnly bool, deadline time.Time) (*session, error) {
+	if s.held != nil {
+		return s.held, nil
+	}
+	if _, err := os.Stat(s.path); readOnly && errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if s.holds > 0 {
+		sess, err := s.begin(ctx, false, deadline)
+		if err != nil {
+			return nil, err
+		}
+		s.held = sess
+		return sess, nil
+	}
+	return s.begin(ctx, readOnly, deadline)
 }
 
 // enter takes the in-process lock (sem) within the store's timeout or ctx's

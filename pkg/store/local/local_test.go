@@ -300,8 +300,10 @@ func BenchmarkGet(b *testing.B) {
 }
 
 // Hold keeps the file open and locked for this Store's calls until the last
-// release; other processes (another Store on the same file) wait for it as
-// for one commit, and then see what was committed under the hold.
+// release or a commit: other processes (another Store on the same file)
+// wait for it as for one commit, see what the commit wrote once it
+// returns, and wait again while a call under the same hold holds the file
+// anew.
 func TestHold(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "store.db")
 	ctx := context.Background()
@@ -335,11 +337,21 @@ func TestHold(t *testing.T) {
 	if err != nil || string(kvs[0].Value) != "v1" {
 		t.Fatalf("Get under the hold: %v %v", kvs, err)
 	}
+	if _, err := other.Get(ctx, "k"); !errors.Is(err, store.ErrUnavailable) {
+		t.Fatalf("another Store's Get while held: %v, want ErrUnavailable", err)
+	}
 	if err := s.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put("k", []byte("v2"))}); err != nil {
 		t.Fatalf("Commit under the hold: %v", err)
 	}
+	kvs, err = other.Get(ctx, "k")
+	if err != nil || string(kvs[0].Value) != "v2" {
+		t.Fatalf("another Store's Get after the commit under the hold: %v %v, want v2", kvs, err)
+	}
+	if kvs, err := s.Get(ctx, "k"); err != nil || string(kvs[0].Value) != "v2" {
+		t.Fatalf("Get under the hold after its commit: %v %v, want v2", kvs, err)
+	}
 	if _, err := other.Get(ctx, "k"); !errors.Is(err, store.ErrUnavailable) {
-		t.Fatalf("another Store's Get while held: %v, want ErrUnavailable", err)
+		t.Fatalf("another Store's Get once a call under the hold holds the file again: %v, want ErrUnavailable", err)
 	}
 	inner()
 	inner() // a second call of one release does nothing
@@ -350,5 +362,114 @@ func TestHold(t *testing.T) {
 	kvs, err = other.Get(ctx, "k")
 	if err != nil || string(kvs[0].Value) != "v2" {
 		t.Fatalf("another Store's Get after the last release: %v %v, want v2", kvs, err)
+	}
+}
+
+// Processes killed (SIGKILL) in the middle of their commits, with the log
+// filling and being checkpointed all the while, leave a file that every
+// later process reads and commits to: the counter holds every increment a
+// killed process had reported done, and at most the one each was in.
+func TestKilledWriters(t *testing.T) {
+	if path := os.Getenv(killChildEnv); path != "" {
+		childPaddedIncrements(t, path)
+		return
+	}
+	path := filepath.Join(t.TempDir(), "store.db")
+	const rounds, writers = 3, 4
+	acked, killed := 0, 0
+	for round := range rounds {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for w := range writers {
+			cmd := exec.Command(os.Args[0], "-test.run=^TestKilledWriters$")
+			cmd.Env = append(os.Environ(), killChildEnv+"="+path)
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				sc := bufio.NewScanner(out)
+				for sc.Scan() {
+					if sc.Text() == "ACK" {
+						mu.Lock()
+						acked++
+						mu.Unlock()
+					}
+				}
+			}()
+			go func() {
+				time.Sleep(time.Duration(150+50*w+30*round) * time.Millisecond)
+				_ = cmd.Process.Kill()
+			}()
+			defer func() { _ = cmd.Wait() }()
+		}
+		wg.Wait()
+		killed += writers
+	}
+	s := newAt(t, path)
+	ctx := context.Background()
+	n, err := paddedIncrement(ctx, s)
+	if err != nil {
+		t.Fatalf("increment after the kills: %v", err)
+	}
+	n-- // the increment just made
+	if n < acked || n > acked+killed {
+		t.Fatalf("counter %d after %d acknowledged increments and %d kills", n, acked, killed)
+	}
+	if acked < 3*logCapacityForTest/paddingForTest {
+		t.Fatalf("only %d increments acknowledged: too few to fill the log (test premise)", acked)
+	}
+	t.Logf("%d increments acknowledged, counter %d, %d writers killed", acked, n, killed)
+}
+
+const (
+	killChildEnv       = "RINGIPAM_LOCAL_KILL_CHILD_PATH"
+	paddingForTest     = 2000
+	logCapacityForTest = 32 << 10 // the log's capacity (unexported)
+)
+
+// childPaddedIncrements increments until it is killed, printing ACK after
+// each increment that returned.
+func childPaddedIncrements(t *testing.T, path string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for {
+		// A new Store per increment, as a CNI plugin process would have.
+		if _, err := paddedIncrement(ctx, newAt(t, path)); err != nil {
+			t.Fatalf("increment: %v", err)
+		}
+		fmt.Println("ACK")
+	}
+}
+
+// paddedIncrement adds one to a counter stored with paddingForTest bytes of
+// padding, so that the log fills and is checkpointed often; it returns the
+// new count.
+func paddedIncrement(ctx context.Context, s store.Store) (int, error) {
+	for {
+		kvs, err := s.Get(ctx, "counter")
+		if err != nil {
+			return 0, err
+		}
+		n := 0
+		if kvs[0].Exists() {
+			head, _, _ := strings.Cut(string(kvs[0].Value), "|")
+			if n, err = strconv.Atoi(head); err != nil {
+				return 0, fmt.Errorf("counter %.20q: %w", kvs[0].Value, err)
+			}
+		}
+		n++
+		v := strconv.Itoa(n) + "|" + strings.Repeat("p", paddingForTest)
+		err = s.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put("counter", []byte(v))})
+		if errors.Is(err, store.ErrConflict) {
+			continue
+		}
+		return n, err
 	}
 }
