@@ -228,18 +228,11 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 	}
 	return s.with(ctx, false, func(sess *session) error {
 		rev := sess.chain.seq + 1
-		if sess.anchored {
+		if sess.anchored && sess.log != nil {
 			rec := encodeRecord(rev, sess.chain.hash, s.prefix, ops)
 			if sess.chain.next+len(rec) <= logCapacity {
 				if err := sess.db.View(func(tx *bolt.Tx) error { return sess.check(tx, s.prefix, conds) }); err != nil {
 					return err
-				}
-				if sess.log == nil {
-					f, err := createLog(s.path + logSuffix)
-					if err != nil {
-						return err
-					}
-					sess.log = f
 				}
 				if _, err := sess.log.WriteAt(rec, int64(sess.chain.next)); err != nil {
 					return fmt.Errorf("write the write-ahead log: %w", err)
@@ -255,9 +248,10 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 // checkpoint commits ops at revision rev in one bbolt transaction together
 // with the log's chain, and draws a new anchor, which ends the chain: the
 // next record is written at the log's start. bbolt flushes the
-// transaction before it returns. The commit that creates the file also
-// fsyncs its directory, so that the new file's name survives a crash as its
-// contents do.
+// transaction before it returns. A checkpoint also creates the log when
+// there is none (the file's first commit, or the first since an upgrade);
+// then, and when the commit creates the file, it fsyncs their directory,
+// so that the new names survive a crash as the contents do.
 func (s *Store) checkpoint(sess *session, rev int64, conds []store.Cond, ops []store.Op) error {
 	fresh := false
 	err := sess.db.Update(func(tx *bolt.Tx) error {
@@ -301,43 +295,43 @@ func (s *Store) checkpoint(sess *session, rev int64, conds []store.Cond, ops []s
 		return err
 	}
 	sess.committed = true
-	if fresh {
-		// Best effort: the commit itself is durable and applied, so a
-		// failure here must not be reported as a failed commit.
+	// Best effort from here on: the commit itself is durable and applied,
+	// so a failure must not be reported as a failed commit. Without a log
+	// the next commit is a checkpoint again, which tries again.
+	created := false
+	if sess.log == nil {
+		created = createLog(s.path+logSuffix) == nil
+	}
+	if fresh || created {
 		_ = syncDir(filepath.Dir(s.path))
 	}
 	return nil
 }
 
-// createLog creates the write-ahead log at path, logCapacity bytes of
-// zeros (no record), flushed with its directory entry; a log that exists
-// is opened as it is, and grown to its capacity if a crash cut its
-// creation short.
-func createLog(path string) (*os.File, error) {
-	f, err := hostlock.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+// createLog creates the write-ahead log at path: logCapacity bytes of
+// zeros (no record), flushed, written under a temporary name and renamed,
+// so that a log never has its name before it is whole. The caller syncs
+// the directory.
+func createLog(path string) error {
+	tmp := path + ".new"
+	f, err := hostlock.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
-		return nil, fmt.Errorf("create the write-ahead log: %w", err)
+		return err
 	}
-	fail := func(err error) (*os.File, error) {
-		f.Close()
-		return nil, fmt.Errorf("create the write-ahead log %s: %w", path, err)
+	_, err = f.WriteAt(make([]byte, logCapacity), 0)
+	if err == nil {
+		err = unix.Fdatasync(int(f.Fd()))
 	}
-	st, err := f.Stat()
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
 	if err != nil {
-		return fail(err)
+		_ = os.Remove(tmp)
 	}
-	if st.Size() < logCapacity {
-		if _, err := f.WriteAt(make([]byte, logCapacity-st.Size()), st.Size()); err != nil {
-			return fail(err)
-		}
-		if err := unix.Fdatasync(int(f.Fd())); err != nil {
-			return fail(err)
-		}
-		if err := syncDir(filepath.Dir(path)); err != nil {
-			return fail(err)
-		}
-	}
-	return f, nil
+	return err
 }
 
 // Ping checks that the file can be opened and locked within the timeout or,
@@ -583,8 +577,10 @@ func (s *Store) session(ctx context.Context, readOnly bool, deadline time.Time) 
 	if s.held != nil {
 		return s.held, nil
 	}
-	if _, err := os.Stat(s.path); readOnly && errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+	if readOnly {
+		if _, err := os.Stat(s.path); errors.Is(err, os.ErrNotExist) {
+			return nil, nil
+		}
 	}
 	if s.holds > 0 {
 		sess, err := s.begin(ctx, false, deadline)

@@ -268,3 +268,38 @@ func TestRecordOutOfSequence(t *testing.T) {
 		}
 	}
 }
+
+// A store whose log is gone (a crash between a checkpoint and the log's
+// creation, or a log removed by hand) commits by checkpoints, the first of
+// which creates the log again; a log cut short by a crash while it was
+// being created never had its name.
+func TestMissingLogIsCreatedAgain(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store.db")
+	s := newStore(t, path)
+	put(t, s, "a", "1")
+	if err := os.Remove(path + logSuffix); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path+logSuffix+".new", []byte("half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	put(t, s, "b", "2")
+	fi, err := os.Stat(path + logSuffix)
+	if err != nil || fi.Size() != logCapacity {
+		t.Fatalf("log after a commit without one: %v %v", fi, err)
+	}
+	if _, err := os.Stat(path + logSuffix + ".new"); !os.IsNotExist(err) {
+		t.Fatalf("temporary log left behind: %v", err)
+	}
+	put(t, s, "c", "3")
+	log, err := os.ReadFile(path + logSuffix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if offs, _ := records(t, log); len(offs) != 1 {
+		t.Fatalf("%d records after one commit to the new log, want 1", len(offs))
+	}
+	if got, want := state(t, newStore(t, path)), "a=1@1\nb=2@2\nc=3@3\n"; got != want {
+		t.Fatalf("state:\n%swant\n%s", got, want)
+	}
+}
