@@ -98,7 +98,7 @@ func readChain(f *os.File, seq int64, anchor uint64) (logChain, error) {
 // apply records a body's operations as the latest of their keys.
 func (c *logChain) apply(body []byte, rev int64) error {
 	if c.entries == nil {
-		c.entries = map[string]logEntry{}
+		c.entries = make(map[string]logEntry, 64)
 	}
 	for len(body) > 0 {
 		if len(body) < 5 {
@@ -203,9 +203,18 @@ func (r *logReader) fill(n int) bool {
 	if r.eof || r.err != nil || n > logCapacity {
 		return false
 	}
-	want := min((n+4095)&^4095, logCapacity)
+	want := min((n+8191)&^8191, logCapacity)
 	have := len(r.buf)
-	r.buf = slices.Grow(r.buf, want-have)[:want]
+	if want > cap(r.buf) {
+		// A first read of 8 KiB, then one buffer for the whole log (the
+		// chain's values point into the buffers, which stay as read).
+		size := logCapacity
+		if want <= 8192 && r.buf == nil {
+			size = 8192
+		}
+		r.buf = append(make([]byte, 0, size), r.buf...)
+	}
+	r.buf = r.buf[:want]
 	got, err := r.f.ReadAt(r.buf[have:], int64(have))
 	r.buf = r.buf[:have+got]
 	switch {
