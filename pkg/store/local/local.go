@@ -100,8 +100,9 @@ type Store struct {
 	prefix  string
 	// sem is the in-process lock: one call at a time touches the file.
 	sem chan struct{}
-	// held is the file kept open by Hold (nil when not held), and holds
-	// the number of Holds not yet released; both guarded by sem.
+	// held is the session kept open by Hold (nil when not held, or once a
+	// commit under the hold let it go), and holds the number of Holds not
+	// yet released; both guarded by sem.
 	held  *session
 	holds int
 }
