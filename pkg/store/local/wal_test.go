@@ -46,6 +46,16 @@ func state(t *testing.T, s *Store) string {
 	return b.String()
 }
 
+// readLog returns the bytes of the store's log file.
+func readLog(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path + logSuffix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
 // records returns the offsets and lengths of the records at the log's
 // start, as far as their length fields go (valid or not).
 func records(t *testing.T, log []byte) (offs, lens []int) {
@@ -77,10 +87,7 @@ func TestTornRecordEndsTheChain(t *testing.T) {
 	if want := "a=1@1\nb=2@2\nc=3@3\nd=4@4\n"; before != want {
 		t.Fatalf("state before the tear:\n%swant\n%s", before, want)
 	}
-	log, err := os.ReadFile(path + logSuffix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	log := readLog(t, path)
 	offs, lens := records(t, log)
 	if len(offs) != 3 {
 		t.Fatalf("the log holds %d records, want 3 (b, c, d)", len(offs))
@@ -96,10 +103,7 @@ func TestTornRecordEndsTheChain(t *testing.T) {
 	}
 	// e takes c's place: same length, same revision.
 	put(t, s, "e", "5")
-	log, err = os.ReadFile(path + logSuffix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	log = readLog(t, path)
 	if !bytes.Equal(log[offs[2]:offs[2]+lens[2]], torn[offs[2]:offs[2]+lens[2]]) {
 		t.Fatal("test premise: d's record is no longer right after e's")
 	}
@@ -117,10 +121,7 @@ func TestCheckpointEndsTheChain(t *testing.T) {
 	for i := range 5 {
 		put(t, s, fmt.Sprintf("k%d", i), "x")
 	}
-	oldLog, err := os.ReadFile(path + logSuffix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	oldLog := readLog(t, path)
 	// A value too large for what is left of the log: a checkpoint.
 	big := strings.Repeat("v", logCapacity)
 	put(t, s, "big", big)
@@ -244,10 +245,7 @@ func TestRecordOutOfSequence(t *testing.T) {
 	s := newStore(t, path)
 	put(t, s, "a", "1")
 	put(t, s, "b", "2")
-	log, err := os.ReadFile(path + logSuffix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	log := readLog(t, path)
 	offs, lens := records(t, log)
 	if len(offs) != 1 {
 		t.Fatalf("the log holds %d records, want 1", len(offs))
@@ -292,10 +290,7 @@ func TestMissingLogIsCreatedAgain(t *testing.T) {
 		t.Fatalf("temporary log left behind: %v", err)
 	}
 	put(t, s, "c", "3")
-	log, err := os.ReadFile(path + logSuffix)
-	if err != nil {
-		t.Fatal(err)
-	}
+	log := readLog(t, path)
 	if offs, _ := records(t, log); len(offs) != 1 {
 		t.Fatalf("%d records after one commit to the new log, want 1", len(offs))
 	}
