@@ -370,16 +370,13 @@ func (s *Store) Hold(ctx context.Context) (release func(), err error) {
 		return nil, err
 	}
 	defer func() { <-s.sem }()
-	if s.held == nil {
-		if _, err := os.Stat(s.path); err == nil {
-			sess, err := s.begin(ctx, false, deadline)
-			if err != nil {
-				return nil, err
-			}
-			s.held = sess
-		}
-	}
+	// Under a hold, session opens the file for writing and keeps it; asked
+	// for a read, it creates no file.
 	s.holds++
+	if _, err := s.session(ctx, true, deadline); err != nil {
+		s.holds--
+		return nil, err
+	}
 	var once bool
 	return func() {
 		if once {

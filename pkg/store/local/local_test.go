@@ -414,7 +414,7 @@ func TestKilledWriters(t *testing.T) {
 	}
 	s := newAt(t, path)
 	ctx := context.Background()
-	n, err := paddedIncrement(ctx, s)
+	n, _, err := storetest.IncrementPadded(ctx, s, "counter", paddingForTest)
 	if err != nil {
 		t.Fatalf("increment after the kills: %v", err)
 	}
@@ -441,35 +441,9 @@ func childPaddedIncrements(t *testing.T, path string) {
 	defer cancel()
 	for {
 		// A new Store per increment, as a CNI plugin process would have.
-		if _, err := paddedIncrement(ctx, newAt(t, path)); err != nil {
+		if _, _, err := storetest.IncrementPadded(ctx, newAt(t, path), "counter", paddingForTest); err != nil {
 			t.Fatalf("increment: %v", err)
 		}
 		fmt.Println("ACK")
-	}
-}
-
-// paddedIncrement adds one to a counter stored with paddingForTest bytes of
-// padding, so that the log fills and is checkpointed often; it returns the
-// new count.
-func paddedIncrement(ctx context.Context, s store.Store) (int, error) {
-	for {
-		kvs, err := s.Get(ctx, "counter")
-		if err != nil {
-			return 0, err
-		}
-		n := 0
-		if kvs[0].Exists() {
-			head, _, _ := strings.Cut(string(kvs[0].Value), "|")
-			if n, err = strconv.Atoi(head); err != nil {
-				return 0, fmt.Errorf("counter %.20q: %w", kvs[0].Value, err)
-			}
-		}
-		n++
-		v := strconv.Itoa(n) + "|" + strings.Repeat("p", paddingForTest)
-		err = s.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put("counter", []byte(v))})
-		if errors.Is(err, store.ErrConflict) {
-			continue
-		}
-		return n, err
 	}
 }

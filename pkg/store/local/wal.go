@@ -54,7 +54,6 @@ type logChain struct {
 	seq     int64               // the revision of the last record, or the checkpoint's
 	hash    uint64              // the hash of the last record, or the anchor
 	next    int                 // where the next record goes
-	records int                 // records in the chain
 	entries map[string]logEntry // the chain's keys (prefixed), latest first
 }
 
@@ -90,7 +89,6 @@ func readChain(f *os.File, seq int64, anchor uint64) (logChain, error) {
 		c.seq++
 		c.hash = binary.LittleEndian.Uint64(rec[20:])
 		c.next += n
-		c.records++
 	}
 	return c, r.err
 }

@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -703,6 +704,14 @@ var incrementPolicy = retry.Policy{Attempts: 500, BaseDelay: 100 * time.Microsec
 // commit, retrying conflicts a bounded number of times. It returns how many
 // conflicts it met. Exported for multi-process tests of backends.
 func Increment(ctx context.Context, s store.Store, key string) (conflicts int, err error) {
+	_, conflicts, err = IncrementPadded(ctx, s, key, 0)
+	return conflicts, err
+}
+
+// IncrementPadded is Increment for a counter stored with padding bytes
+// after it ("<n>|ppp...", just "<n>" without padding), so that a test can
+// make every commit as large as it needs; it also returns the new count.
+func IncrementPadded(ctx context.Context, s store.Store, key string, padding int) (count, conflicts int, err error) {
 	err = retry.Do(ctx, incrementPolicy, func(err error) bool { return errors.Is(err, store.ErrConflict) }, func(int) error {
 		kvs, err := s.Get(ctx, key)
 		if err != nil {
@@ -710,20 +719,28 @@ func Increment(ctx context.Context, s store.Store, key string) (conflicts int, e
 		}
 		n := 0
 		if kvs[0].Exists() {
-			if n, err = strconv.Atoi(string(kvs[0].Value)); err != nil {
-				return fmt.Errorf("counter %q: %w", kvs[0].Value, err)
+			head, _, _ := strings.Cut(string(kvs[0].Value), "|")
+			if n, err = strconv.Atoi(head); err != nil {
+				return fmt.Errorf("counter %.40q: %w", kvs[0].Value, err)
 			}
+		}
+		v := strconv.Itoa(n + 1)
+		if padding > 0 {
+			v += "|" + strings.Repeat("p", padding)
 		}
 		// Let other goroutines in between read and write: a store that loses
 		// updates must get the chance to show it.
 		runtime.Gosched()
-		err = s.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put(key, []byte(strconv.Itoa(n+1)))})
-		if errors.Is(err, store.ErrConflict) {
+		err = s.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put(key, []byte(v))})
+		switch {
+		case errors.Is(err, store.ErrConflict):
 			conflicts++
+		case err == nil:
+			count = n + 1
 		}
 		return err
 	})
-	return conflicts, err
+	return count, conflicts, err
 }
 
 func testReopen(t *testing.T, openAt func(t *testing.T) store.Store) {
