@@ -14,21 +14,21 @@ import (
 func TestClassify(t *testing.T) {
 	s := &Store{names: "http://127.0.0.1:2379"}
 	for _, tc := range []struct {
-		ge   gatewayError
+		ee   etcdError
 		want error
 	}{
-		{gatewayError{Status: 500, Code: 2, Message: "context deadline exceeded"}, store.ErrUnavailable},
-		{gatewayError{Status: 503, Code: 14, Message: "etcdserver: no leader"}, store.ErrUnavailable},
-		{gatewayError{Status: 504, Code: 4, Message: "etcdserver: request timed out"}, store.ErrUnavailable},
-		{gatewayError{Status: 400, Code: 3, Message: "etcdserver: too many operations in txn request"}, store.ErrTooLarge},
+		{etcdError{Status: 500, Code: 2, Message: "context deadline exceeded"}, store.ErrUnavailable},
+		{etcdError{Status: 503, Code: 14, Message: "etcdserver: no leader"}, store.ErrUnavailable},
+		{etcdError{Status: 504, Code: 4, Message: "etcdserver: request timed out"}, store.ErrUnavailable},
+		{etcdError{Status: 400, Code: 3, Message: "etcdserver: too many operations in txn request"}, store.ErrTooLarge},
 	} {
-		ge := tc.ge
-		if err := s.classify(context.Background(), &ge); !errors.Is(err, tc.want) {
-			t.Errorf("%+v -> %v, want %v", tc.ge, err, tc.want)
+		ee := tc.ee
+		if err := s.classify(context.Background(), &ee); !errors.Is(err, tc.want) {
+			t.Errorf("%+v -> %v, want %v", tc.ee, err, tc.want)
 		}
 	}
-	ge := gatewayError{Status: 400, Code: 3, Message: "etcdserver: key is not provided"}
-	if err := s.classify(context.Background(), &ge); errors.Is(err, store.ErrUnavailable) || errors.Is(err, store.ErrTooLarge) {
+	ee := etcdError{Status: 400, Code: 3, Message: "etcdserver: key is not provided"}
+	if err := s.classify(context.Background(), &ee); errors.Is(err, store.ErrUnavailable) || errors.Is(err, store.ErrTooLarge) {
 		t.Errorf("a plain bad request: %v", err)
 	}
 }

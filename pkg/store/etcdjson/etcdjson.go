@@ -33,6 +33,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/store"
@@ -62,9 +63,11 @@ type Config struct {
 // Store is the gateway client. Build it with New.
 type Store struct {
 	cfg       Config
-	client    *httpClient
+	client    *httpClient // the gateway's, for TLS endpoints
+	h2        *h2Client   // gRPC's, for plaintext ones
 	endpoints []endpoint
-	names     string // the endpoints, for messages
+	gateway   []atomic.Bool // by endpoint: spoken to through the gateway
+	names     string        // the endpoints, for messages
 	mu        sync.Mutex
 	token     string
 }
@@ -115,7 +118,10 @@ func New(cfg Config) (*Store, error) {
 		}
 		client.tls = dial
 	}
-	return &Store{cfg: cfg, client: client, endpoints: eps, names: strings.Join(names, ",")}, nil
+	return &Store{
+		cfg: cfg, client: client, h2: &h2Client{dialTimeout: cfg.DialTimeout},
+		endpoints: eps, gateway: make([]atomic.Bool, len(eps)), names: strings.Join(names, ","),
+	}, nil
 }
 
 // TLSDialer wraps a connected TCP connection in TLS, checking that the
@@ -140,7 +146,23 @@ func (s *Store) Prefix() string { return s.cfg.Prefix }
 // Close releases idle connections.
 func (s *Store) Close() error {
 	s.client.closeIdle()
+	s.h2.pool.closeIdle()
 	return nil
+}
+
+// rangeAnswer is a range read's answer, in either encoding.
+type rangeAnswer struct {
+	revision int64
+	kvs      []store.KV // keys without the prefix
+	more     bool
+}
+
+// txnAnswer is a transaction's answer: one entry in reads per response,
+// empty for a write's.
+type txnAnswer struct {
+	revision  int64
+	succeeded bool
+	reads     []rangeAnswer
 }
 
 // wire types of the gateway (int64 fields come as strings).
@@ -181,44 +203,133 @@ func (s *Store) decodeKV(kv kvJSON) (store.KV, error) {
 	return store.KV{Key: strings.TrimPrefix(string(k), s.cfg.Prefix), Value: v, Revision: rev}, nil
 }
 
-// gatewayError is an error answer of the gateway.
-type gatewayError struct {
+func (s *Store) rangeFromJSON(r *rangeResp) (rangeAnswer, error) {
+	a := rangeAnswer{more: r.More}
+	a.revision, _ = strconv.ParseInt(r.Header.Revision, 10, 64)
+	for _, x := range r.Kvs {
+		kv, err := s.decodeKV(x)
+		if err != nil {
+			return rangeAnswer{}, err
+		}
+		a.kvs = append(a.kvs, kv)
+	}
+	return a, nil
+}
+
+// decodeTxn reads a transaction's answer in the encoding it came in.
+func (s *Store) decodeTxn(data []byte, grpc bool) (txnAnswer, error) {
+	if grpc {
+		return s.decodeTxnProto(data)
+	}
+	var r txnResp
+	if err := decodeAnswer(data, &r); err != nil {
+		return txnAnswer{}, err
+	}
+	a := txnAnswer{succeeded: r.Succeeded}
+	a.revision, _ = strconv.ParseInt(r.Header.Revision, 10, 64)
+	for _, x := range r.Responses {
+		var read rangeAnswer
+		if x.ResponseRange != nil {
+			var err error
+			if read, err = s.rangeFromJSON(x.ResponseRange); err != nil {
+				return txnAnswer{}, err
+			}
+		}
+		a.reads = append(a.reads, read)
+	}
+	return a, nil
+}
+
+// decodeRange reads a range read's answer in the encoding it came in.
+func (s *Store) decodeRange(data []byte, grpc bool) (rangeAnswer, error) {
+	if grpc {
+		return s.decodeRangeProto(data)
+	}
+	var r rangeResp
+	if err := decodeAnswer(data, &r); err != nil {
+		return rangeAnswer{}, err
+	}
+	return s.rangeFromJSON(&r)
+}
+
+// etcdError is an error answer of etcd: through the gateway (Status is the
+// HTTP status) or over gRPC (Status 0). Code is the gRPC code either way.
+type etcdError struct {
 	Status  int
 	Message string `json:"message"`
 	Code    int    `json:"code"`
 }
 
-func (e *gatewayError) Error() string {
+func (e *etcdError) Error() string {
+	if e.Status == 0 {
+		return fmt.Sprintf("etcd: %s (gRPC code %d)", e.Message, e.Code)
+	}
 	return fmt.Sprintf("etcd gateway: HTTP %d: %s", e.Status, e.Message)
 }
 
-// call posts body to path on the first endpoint that answers and decodes
-// the answer into out. idempotent says the request may be sent twice (a
-// read); a commit is never sent again after any of it was written.
-func (s *Store) call(ctx context.Context, path string, req, out any, idempotent bool) error {
+// method is one of etcd's calls, by its gateway path and its gRPC name.
+type method struct{ gateway, grpc string }
+
+var (
+	txnMethod   = method{"/v3/kv/txn", "/etcdserverpb.KV/Txn"}
+	rangeMethod = method{"/v3/kv/range", "/etcdserverpb.KV/Range"}
+	authMethod  = method{"/v3/auth/authenticate", "/etcdserverpb.Auth/Authenticate"}
+)
+
+// encoder returns a call's request in protobuf (grpc) or the gateway's
+// JSON.
+type encoder func(grpc bool) []byte
+
+// call makes m on the first endpoint that answers and returns the answer
+// and whether it is protobuf (gRPC) or the gateway's JSON. Plaintext
+// endpoints are spoken to in gRPC (h2.go), TLS ones through the gateway
+// (wire.go), as is a plaintext endpoint found not to speak HTTP/2.
+// idempotent says the request may be sent twice (a read); a commit is
+// never sent again after any of it was written.
+func (s *Store) call(ctx context.Context, m method, req encoder, idempotent bool) ([]byte, bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.RequestTimeout)
 	defer cancel()
-	payload, encoded := req.(body)
-	if !encoded {
-		var err error
-		if payload, err = json.Marshal(req); err != nil {
-			return err
-		}
-	}
-	if s.cfg.Username != "" && path != "/v3/auth/authenticate" {
+	if s.cfg.Username != "" && m != authMethod {
 		if err := s.authenticate(ctx); err != nil {
-			return err
+			return nil, false, err
 		}
 	}
-	var header []string
 	s.mu.Lock()
-	if s.token != "" {
-		header = append(header, "Authorization: "+s.token)
-	}
+	token := s.token
 	s.mu.Unlock()
 	var errs []error
-	for _, ep := range s.endpoints {
-		status, data, err := s.client.post(ctx, ep, path, header, payload, idempotent)
+	for i, ep := range s.endpoints {
+		grpc := !ep.tls && !s.gateway[i].Load()
+		var data []byte
+		var err error
+		if grpc {
+			data, err = s.h2.unary(ctx, ep, m.grpc, token, req(true), idempotent)
+			if errors.Is(err, errNotH2) {
+				// Not acted on: say it through the gateway from now on.
+				s.gateway[i].Store(true)
+				grpc = false
+			}
+		}
+		if !grpc {
+			var header []string
+			if token != "" {
+				header = append(header, "Authorization: "+token)
+			}
+			var status int
+			status, data, err = s.client.post(ctx, ep, m.gateway, header, req(false), idempotent)
+			if err == nil && status != 200 {
+				ee := &etcdError{Status: status}
+				_ = json.Unmarshal(data, ee)
+				if ee.Message == "" {
+					ee.Message = strings.TrimSpace(string(data))
+				}
+				err = ee
+			}
+		}
+		var ee *etcdError
+		if errors.As(err, &ee) {
+			return nil, false, s.classify(ctx, ee)
+		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", ep.url, err))
 			if ctx.Err() != nil {
@@ -226,37 +337,26 @@ func (s *Store) call(ctx context.Context, path string, req, out any, idempotent 
 			}
 			continue // the next endpoint
 		}
-		if status != 200 {
-			ge := &gatewayError{Status: status}
-			_ = json.Unmarshal(data, ge)
-			if ge.Message == "" {
-				ge.Message = strings.TrimSpace(string(data))
-			}
-			return s.classify(ctx, ge)
-		}
-		if err := decodeAnswer(data, out); err != nil {
-			return fmt.Errorf("etcd gateway %s%s: undecodable answer: %w", ep.url, path, err)
-		}
-		return nil
+		return data, grpc, nil
 	}
 	if errors.Is(ctx.Err(), context.Canceled) {
-		return fmt.Errorf("etcd store %s: %w", s.names, ctx.Err())
+		return nil, false, fmt.Errorf("etcd store %s: %w", s.names, ctx.Err())
 	}
-	return fmt.Errorf("%w: etcd at %s not reachable: %w", store.ErrUnavailable, s.names, errors.Join(errs...))
+	return nil, false, fmt.Errorf("%w: etcd at %s not reachable: %w", store.ErrUnavailable, s.names, errors.Join(errs...))
 }
 
-func (s *Store) classify(ctx context.Context, ge *gatewayError) error {
-	msg := strings.ToLower(ge.Message)
+func (s *Store) classify(ctx context.Context, ee *etcdError) error {
+	msg := strings.ToLower(ee.Message)
 	switch {
 	case strings.Contains(msg, "too many operations") || strings.Contains(msg, "request is too large"):
-		return fmt.Errorf("%w: etcd store %s: %w", store.ErrTooLarge, s.names, ge)
+		return fmt.Errorf("%w: etcd store %s: %w", store.ErrTooLarge, s.names, ee)
 	// 14 Unavailable, 4 DeadlineExceeded; a deadline that passed inside the
 	// server comes back as code 2 (Unknown) "context deadline exceeded".
-	case ge.Code == 14 || ge.Code == 4 || strings.Contains(msg, "no leader") || strings.Contains(msg, "timed out") ||
-		strings.Contains(msg, "deadline exceeded") || ge.Status == 503 || ctx.Err() != nil:
-		return fmt.Errorf("%w: etcd at %s not reachable or without leader: %w", store.ErrUnavailable, s.names, ge)
+	case ee.Code == 14 || ee.Code == 4 || strings.Contains(msg, "no leader") || strings.Contains(msg, "timed out") ||
+		strings.Contains(msg, "deadline exceeded") || ee.Status == 503 || ctx.Err() != nil:
+		return fmt.Errorf("%w: etcd at %s not reachable or without leader: %w", store.ErrUnavailable, s.names, ee)
 	}
-	return fmt.Errorf("etcd store %s: %w", s.names, ge)
+	return fmt.Errorf("etcd store %s: %w", s.names, ee)
 }
 
 func (s *Store) authenticate(ctx context.Context) error {
@@ -266,14 +366,31 @@ func (s *Store) authenticate(ctx context.Context) error {
 	if have {
 		return nil
 	}
-	var out struct {
-		Token string `json:"token"`
-	}
-	if err := s.call(ctx, "/v3/auth/authenticate", map[string]string{"name": s.cfg.Username, "password": s.cfg.Password}, &out, true); err != nil {
+	data, grpc, err := s.call(ctx, authMethod, func(grpc bool) []byte {
+		if grpc {
+			return authProto(s.cfg.Username, s.cfg.Password)
+		}
+		b, _ := json.Marshal(map[string]string{"name": s.cfg.Username, "password": s.cfg.Password})
+		return b
+	}, true)
+	if err != nil {
 		return fmt.Errorf("etcd authentication as %s: %w", s.cfg.Username, err)
 	}
+	var token string
+	if grpc {
+		token, err = decodeAuthProto(data)
+	} else {
+		var out struct {
+			Token string `json:"token"`
+		}
+		err = json.Unmarshal(data, &out)
+		token = out.Token
+	}
+	if err != nil {
+		return fmt.Errorf("etcd authentication as %s: undecodable answer: %w", s.cfg.Username, err)
+	}
 	s.mu.Lock()
-	s.token = out.Token
+	s.token = token
 	s.mu.Unlock()
 	return nil
 }
@@ -284,21 +401,43 @@ func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
 	if done {
 		return out, err
 	}
-	var rev string
+	var rev int64
 	for start := 0; start < len(keys); start += store.MaxOps {
 		end := min(start+store.MaxOps, len(keys))
-		var resp txnResp
-		if err := s.call(ctx, "/v3/kv/txn", s.getBody(keys[start:end], rev), &resp, true); err != nil {
+		page := keys[start:end]
+		data, grpc, err := s.call(ctx, txnMethod, func(grpc bool) []byte {
+			if grpc {
+				return s.getProto(page, rev)
+			}
+			return s.getBody(page, revString(rev))
+		}, true)
+		if err != nil {
 			return nil, fmt.Errorf("get: %w", err)
 		}
-		if rev == "" {
-			rev = resp.Header.Revision
+		resp, err := s.decodeTxn(data, grpc)
+		if err != nil {
+			return nil, s.undecodable(txnMethod, err)
 		}
-		if err := s.fill(out[start:end], resp); err != nil {
+		if rev == 0 {
+			rev = resp.revision
+		}
+		if err := fill(out[start:end], resp); err != nil {
 			return nil, err
 		}
 	}
 	return out, nil
+}
+
+// revString is a revision as the gateway's requests carry it ("": none).
+func revString(rev int64) string {
+	if rev == 0 {
+		return ""
+	}
+	return strconv.FormatInt(rev, 10)
+}
+
+func (s *Store) undecodable(m method, err error) error {
+	return fmt.Errorf("etcd %s: undecodable answer to %s: %w", s.names, m.grpc, err)
 }
 
 const scanPage = 1000
@@ -309,8 +448,8 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 		return nil, ctx.Err()
 	}
 	var out []store.KV
-	var rev string
-	key, end := s.cfg.Prefix+from, s.cfg.Prefix+to
+	var rev int64
+	key := from
 	for {
 		page := scanPage
 		if limit > 0 && limit-len(out) < page {
@@ -318,25 +457,46 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 		}
 		// No sort_order: a range comes back in key order already, and an
 		// explicit sort makes etcd 3.4 read the whole range for every page.
-		var resp rangeResp
-		if err := s.call(ctx, "/v3/kv/range", s.scanBody(key, end, page, rev), &resp, true); err != nil {
+		data, grpc, err := s.call(ctx, rangeMethod, func(grpc bool) []byte {
+			if grpc {
+				return s.scanProto(key, to, page, rev)
+			}
+			return s.scanBody(s.cfg.Prefix+key, s.cfg.Prefix+to, page, revString(rev))
+		}, true)
+		if err != nil {
 			return nil, fmt.Errorf("scan: %w", err)
 		}
-		if rev == "" {
-			rev = resp.Header.Revision
+		resp, err := s.decodeRange(data, grpc)
+		if err != nil {
+			return nil, s.undecodable(rangeMethod, err)
 		}
-		for _, x := range resp.Kvs {
-			kv, err := s.decodeKV(x)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, kv)
+		if rev == 0 {
+			rev = resp.revision
 		}
-		if !resp.More || len(resp.Kvs) == 0 || (limit > 0 && len(out) >= limit) {
+		out = append(out, resp.kvs...)
+		if !resp.more || len(resp.kvs) == 0 || (limit > 0 && len(out) >= limit) {
 			return out, nil
 		}
-		key = s.cfg.Prefix + out[len(out)-1].Key + "\x00"
+		key = out[len(out)-1].Key + "\x00"
 	}
+}
+
+// commit sends a transaction and decodes its answer.
+func (s *Store) commit(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (txnAnswer, error) {
+	data, grpc, err := s.call(ctx, txnMethod, func(grpc bool) []byte {
+		if grpc {
+			return s.txnProto(conds, same, ops, read)
+		}
+		return s.txnBody(conds, same, ops, read)
+	}, false)
+	if err != nil {
+		return txnAnswer{}, fmt.Errorf("commit: %w", err)
+	}
+	resp, err := s.decodeTxn(data, grpc)
+	if err != nil {
+		return txnAnswer{}, s.undecodable(txnMethod, err)
+	}
+	return resp, nil
 }
 
 // Commit implements store.Store.
@@ -344,12 +504,12 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 	if err := store.CheckCommit(conds, ops); err != nil {
 		return fmt.Errorf("etcd store: %w", err)
 	}
-	var resp txnResp
-	if err := s.call(ctx, "/v3/kv/txn", s.txnBody(conds, nil, ops, nil), &resp, false); err != nil {
-		return fmt.Errorf("commit: %w", err)
+	resp, err := s.commit(ctx, conds, nil, ops, nil)
+	if err != nil {
+		return err
 	}
-	if !resp.Succeeded {
-		return fmt.Errorf("%w (etcd revision %s)", store.ErrConflict, resp.Header.Revision)
+	if !resp.succeeded {
+		return fmt.Errorf("%w (etcd revision %d)", store.ErrConflict, resp.revision)
 	}
 	return nil
 }
@@ -361,34 +521,29 @@ func (s *Store) CommitOrGet(ctx context.Context, conds []store.Cond, same []stor
 		return nil, fmt.Errorf("etcd store: %w", err)
 	}
 	out, _, _ := store.StartGet(ctx, read)
-	var resp txnResp
-	if err := s.call(ctx, "/v3/kv/txn", s.txnBody(conds, same, ops, read), &resp, false); err != nil {
-		return nil, fmt.Errorf("commit: %w", err)
-	}
-	if resp.Succeeded {
-		return nil, nil
-	}
-	if err := s.fill(out, resp); err != nil {
+	resp, err := s.commit(ctx, conds, same, ops, read)
+	if err != nil {
 		return nil, err
 	}
-	return out, fmt.Errorf("%w (etcd revision %s)", store.ErrConflict, resp.Header.Revision)
+	if resp.succeeded {
+		return nil, nil
+	}
+	if err := fill(out, resp); err != nil {
+		return nil, err
+	}
+	return out, fmt.Errorf("%w (etcd revision %d)", store.ErrConflict, resp.revision)
 }
 
 // fill sets out's values and revisions from a transaction of range reads,
 // one per entry of out.
-func (s *Store) fill(out []store.KV, resp txnResp) error {
-	for i, r := range resp.Responses {
-		if i >= len(out) {
-			return fmt.Errorf("etcd gateway: %d answers to %d reads", len(resp.Responses), len(out))
+func fill(out []store.KV, resp txnAnswer) error {
+	if len(resp.reads) > len(out) {
+		return fmt.Errorf("etcd: %d answers to %d reads", len(resp.reads), len(out))
+	}
+	for i, r := range resp.reads {
+		if len(r.kvs) > 0 {
+			out[i].Value, out[i].Revision = r.kvs[0].Value, r.kvs[0].Revision
 		}
-		if r.ResponseRange == nil || len(r.ResponseRange.Kvs) == 0 {
-			continue
-		}
-		kv, err := s.decodeKV(r.ResponseRange.Kvs[0])
-		if err != nil {
-			return err
-		}
-		out[i].Value, out[i].Revision = kv.Value, kv.Revision
 	}
 	return nil
 }
@@ -396,8 +551,13 @@ func (s *Store) fill(out []store.KV, resp txnResp) error {
 // Ping checks that the cluster answers a linearizable read within the
 // request timeout.
 func (s *Store) Ping(ctx context.Context) error {
-	var resp rangeResp
-	if err := s.call(ctx, "/v3/kv/range", s.scanBody(s.cfg.Prefix+"\x00ping", "", 0, ""), &resp, true); err != nil {
+	_, _, err := s.call(ctx, rangeMethod, func(grpc bool) []byte {
+		if grpc {
+			return s.rangeProto(nil, "\x00ping", "", 0, 0)
+		}
+		return s.scanBody(s.cfg.Prefix+"\x00ping", "", 0, "")
+	}, true)
+	if err != nil {
 		return fmt.Errorf("ping: %w", err)
 	}
 	return nil

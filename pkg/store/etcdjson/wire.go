@@ -24,7 +24,6 @@ import (
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/store/internal/connctx"
@@ -74,9 +73,7 @@ func parseEndpoint(raw string) (endpoint, error) {
 type httpClient struct {
 	dialTimeout time.Duration
 	tls         TLSDialer // for https endpoints
-
-	mu   sync.Mutex
-	idle map[string][]*wireConn // by hostport
+	pool        connPool[*wireConn]
 }
 
 type wireConn struct {
@@ -85,10 +82,8 @@ type wireConn struct {
 	idleSince time.Time
 }
 
-// maxIdleAge is how long a kept connection may wait for reuse. Plugin
-// processes reuse theirs within milliseconds; a long-running user opens a
-// new one after a pause rather than find out that the server closed it.
-const maxIdleAge = 5 * time.Second
+func (c *wireConn) setIdle(t time.Time) { c.idleSince = t }
+func (c *wireConn) idle() time.Time     { return c.idleSince }
 
 // errNotSent marks a failure before any byte of the request was written.
 var errNotSent = errors.New("request not sent")
@@ -104,10 +99,10 @@ func (h *httpClient) post(ctx context.Context, ep endpoint, path string, header 
 			c.Close()
 			return 0, nil, err
 		}
-		h.release(ep.hostport, c, reusable)
+		h.pool.release(ep.hostport, c, reusable)
 		return status, data, nil
 	}
-	if c := h.takeIdle(ep.hostport); c != nil {
+	if c := h.pool.take(ep.hostport); c != nil {
 		status, data, err := send(c)
 		// The server may have closed an idle connection: try once more on
 		// a fresh one when that is safe.
@@ -164,52 +159,8 @@ func (h *httpClient) dial(ctx context.Context, ep endpoint) (*wireConn, error) {
 	return &wireConn{Conn: c, r: bufio.NewReaderSize(c, 16<<10)}, nil
 }
 
-func (h *httpClient) takeIdle(hostport string) *wireConn {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for l := h.idle[hostport]; len(l) > 0; l = h.idle[hostport] {
-		c := l[len(l)-1]
-		h.idle[hostport] = l[:len(l)-1]
-		if time.Since(c.idleSince) < maxIdleAge {
-			return c
-		}
-		c.Close()
-	}
-	return nil
-}
-
-// maxIdlePerEndpoint bounds the connections kept for reuse.
-const maxIdlePerEndpoint = 16
-
-func (h *httpClient) release(hostport string, c *wireConn, reusable bool) {
-	if reusable {
-		h.mu.Lock()
-		if h.idle == nil {
-			h.idle = map[string][]*wireConn{}
-		}
-		if len(h.idle[hostport]) < maxIdlePerEndpoint {
-			c.idleSince = time.Now()
-			h.idle[hostport] = append(h.idle[hostport], c)
-			h.mu.Unlock()
-			return
-		}
-		h.mu.Unlock()
-	}
-	c.Close()
-}
-
 // closeIdle closes every kept connection.
-func (h *httpClient) closeIdle() {
-	h.mu.Lock()
-	idle := h.idle
-	h.idle = nil
-	h.mu.Unlock()
-	for _, l := range idle {
-		for _, c := range l {
-			c.Close()
-		}
-	}
-}
+func (h *httpClient) closeIdle() { h.pool.closeIdle() }
 
 // exchange writes req on c and reads one answer. reusable reports that the
 // connection may carry another request.
