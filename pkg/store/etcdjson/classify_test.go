@@ -21,6 +21,7 @@ func TestClassify(t *testing.T) {
 		{etcdError{Status: 503, Code: 14, Message: "etcdserver: no leader"}, store.ErrUnavailable},
 		{etcdError{Status: 504, Code: 4, Message: "etcdserver: request timed out"}, store.ErrUnavailable},
 		{etcdError{Status: 400, Code: 3, Message: "etcdserver: too many operations in txn request"}, store.ErrTooLarge},
+		{etcdError{Code: 8, Message: "grpc: received message larger than max (3145780 vs. 2097152)"}, store.ErrTooLarge},
 	} {
 		ee := tc.ee
 		if err := s.classify(context.Background(), &ee); !errors.Is(err, tc.want) {

@@ -1,26 +1,32 @@
-// Package etcdjson is the etcd v3 store.Store spoken through etcd's JSON
-// gateway (HTTP/JSON on the client URL: /v3/kv/range, /v3/kv/txn), with
-// its own small HTTP/1.1 client (wire.go) and its own writer and reader of
-// the gateway's JSON (body.go, encoding/json for what it leaves); TLS is
-// linked only into programs that import package etcdtls (see TLSSupport).
-// It exists so that short-lived plugin processes do not link (and
-// initialise, on every invocation) the gRPC client, its protobuf registries
-// and its logger, nor net/http, nor crypto/tls: see docs/benchmarks.md.
+// Package etcdjson is the etcd v3 store.Store for short-lived processes
+// (the CNI plugins): etcd's gRPC API (KV.Txn, KV.Range, Auth.Authenticate)
+// on a small HTTP/2 client of its own (h2.go) with the messages written
+// and read by hand (proto.go) for plaintext endpoints, and etcd's JSON
+// gateway (/v3/kv/range, /v3/kv/txn) on a small HTTP/1.1 client of its own
+// (wire.go, body.go) for TLS endpoints and for a plaintext endpoint that
+// answers HTTP/2 with HTTP/1 (a proxy); TLS is linked only into programs
+// that import package etcdtls (see TLSSupport). It exists so that
+// short-lived plugin processes do not link (and initialise, on every
+// invocation) grpc-go, the protobuf runtime and its registries, zap,
+// net/http or crypto/tls: see docs/benchmarks.md. The package keeps the
+// name it had when it spoke only the gateway.
 //
 // Contract: the same as package etcd (one store contract suite runs on
-// both): keys under Config.Prefix (default "/ringipam/"); Get reads all keys
-// in one transaction at one revision; Scan is a sorted range read paged at
-// one revision; Commit is one transaction whose conditions are
-// Version(k) = 0 for "absent" and ModRevision(k) = rev otherwise, a failed
-// condition writing nothing and returning an error wrapping
-// store.ErrConflict; CommitOrGet (store.Speculator) adds Value(k) = v
-// conditions and reads the keys asked in the transaction's failure branch. Every call runs under RequestTimeout (or the caller's
-// earlier deadline); an unreachable cluster or a timeout wraps
-// store.ErrUnavailable and names the endpoints (and a TLS failure says so);
-// oversized transactions
-// wrap store.ErrTooLarge. Endpoints are tried in order, the next one when
-// one cannot be reached. With Username set it authenticates once per Store
-// and sends the token. Safe for concurrent use.
+// both, over each wire): keys under Config.Prefix (default "/ringipam/");
+// Get reads all keys in one transaction at one revision; Scan is a sorted
+// range read paged at one revision; Commit is one transaction whose
+// conditions are Version(k) = 0 for "absent" and ModRevision(k) = rev
+// otherwise, a failed condition writing nothing and returning an error
+// wrapping store.ErrConflict; CommitOrGet (store.Speculator) adds
+// Value(k) = v conditions and reads the keys asked in the transaction's
+// failure branch. Every call runs under RequestTimeout (or the caller's
+// earlier deadline, which gRPC calls also send as grpc-timeout); an
+// unreachable cluster or a timeout wraps store.ErrUnavailable and names
+// the endpoints (and a TLS failure says so); oversized transactions wrap
+// store.ErrTooLarge. Endpoints are tried in order, the next one when one
+// cannot be reached; a commit goes to the next one only when nothing of it
+// was acted on. With Username set it authenticates once per Store and
+// sends the token. Safe for concurrent use.
 package etcdjson
 
 import (
@@ -348,7 +354,10 @@ func (s *Store) call(ctx context.Context, m method, req encoder, idempotent bool
 func (s *Store) classify(ctx context.Context, ee *etcdError) error {
 	msg := strings.ToLower(ee.Message)
 	switch {
-	case strings.Contains(msg, "too many operations") || strings.Contains(msg, "request is too large"):
+	// gRPC's own limit on a message (ResourceExhausted) is met before
+	// etcd's request limit by a request far over it.
+	case strings.Contains(msg, "too many operations") || strings.Contains(msg, "request is too large") ||
+		ee.Code == 8 && strings.Contains(msg, "larger than max"):
 		return fmt.Errorf("%w: etcd store %s: %w", store.ErrTooLarge, s.names, ee)
 	// 14 Unavailable, 4 DeadlineExceeded; a deadline that passed inside the
 	// server comes back as code 2 (Unknown) "context deadline exceeded".

@@ -214,6 +214,24 @@ func TestLargeScanOverGRPC(t *testing.T) {
 	}
 }
 
+// A commit over etcd's request limit (1.5 MiB by default) is ErrTooLarge
+// on both wires, whichever limit (etcd's or gRPC's) refuses it.
+func TestTooLarge(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	for _, wire := range []string{"grpc", "gateway"} {
+		for _, size := range []int{1800 << 10, 3 << 20} {
+			s := open(t, etcdjson.Config{Endpoints: srv.Endpoints(), Prefix: uniquePrefix()})
+			if wire == "gateway" {
+				etcdjson.UseGateway(s)
+			}
+			err := s.Commit(context.Background(), nil, []store.Op{store.Put("huge", bytes.Repeat([]byte("x"), size))})
+			if !errors.Is(err, store.ErrTooLarge) {
+				t.Errorf("%s, %d bytes: %v", wire, size, err)
+			}
+		}
+	}
+}
+
 // With etcd's authentication on, a Store with a user and password works on
 // both wires, and a wrong password is refused with a message that says so.
 func TestAuthentication(t *testing.T) {
