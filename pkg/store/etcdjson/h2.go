@@ -113,7 +113,6 @@ type stream struct {
 	status     string // :status
 	grpcStatus string
 	grpcMsg    string
-	headers    bool // the response's headers came
 	data       []byte
 	ended      bool
 }
@@ -491,7 +490,6 @@ func (st *stream) take(fields []hpack.HeaderField) {
 			}
 		}
 	}
-	st.headers = true
 }
 
 // answer is the stream's message, or its error.
