@@ -120,28 +120,26 @@ type stream struct {
 // unary calls path with msg (a serialised protobuf message) on ep and
 // returns the answer's message. idempotent says the call may be made twice.
 func (h *h2Client) unary(ctx context.Context, ep endpoint, path, token string, msg []byte, idempotent bool) ([]byte, error) {
-	send := func(c *h2Conn) ([]byte, error) {
-		answer, err := c.roundTrip(ctx, ep.hostport, path, token, msg)
-		if err != nil && c.broken {
-			c.Close()
-			return answer, err
-		}
-		h.pool.release(ep.hostport, c, !c.goAway && c.next < maxStreamID-2)
-		return answer, err
-	}
-	if c := h.pool.take(ep.hostport); c != nil {
-		answer, err := send(c)
-		var ee *etcdError
-		if err == nil || errors.As(err, &ee) || ctx.Err() != nil || !(idempotent || errors.Is(err, errNotSent)) {
-			return answer, err
-		}
-	}
-	d := net.Dialer{Timeout: h.dialTimeout, KeepAlive: 30 * time.Second}
-	nc, err := d.DialContext(ctx, "tcp", ep.hostport)
-	if err != nil {
-		return nil, err
-	}
-	return send(newH2Conn(nc))
+	var answer []byte
+	err := h.pool.use(ep.hostport,
+		func() (*h2Conn, error) {
+			nc, err := dialTCP(ctx, h.dialTimeout, ep.hostport)
+			if err != nil {
+				return nil, err
+			}
+			return newH2Conn(nc), nil
+		},
+		func(c *h2Conn) (bool, error) {
+			var err error
+			answer, err = c.roundTrip(ctx, ep.hostport, path, token, msg)
+			// A gRPC status other than OK leaves the connection usable.
+			return !c.broken && !c.goAway && c.next < maxStreamID-2, err
+		},
+		func(err error) bool {
+			var ee *etcdError
+			return !errors.As(err, &ee) && ctx.Err() == nil && (idempotent || errors.Is(err, errNotSent))
+		})
+	return answer, err
 }
 
 func newH2Conn(nc net.Conn) *h2Conn {
@@ -292,31 +290,46 @@ func (c *h2Conn) fail(ctx context.Context, st *stream, sent bool, err error) err
 	return ctxErr(ctx, err)
 }
 
-// readFrame reads and handles one frame; an error is the connection's or
-// st's end.
-func (c *h2Conn) readFrame(st *stream) error {
-	var head [9]byte
+// frameHeader is a frame's first nine bytes.
+type frameHeader [9]byte
+
+func (h frameHeader) length() int      { return int(h[0])<<16 | int(h[1])<<8 | int(h[2]) }
+func (h frameHeader) typ() byte        { return h[3] }
+func (h frameHeader) flags() byte      { return h[4] }
+func (h frameHeader) streamID() uint32 { return binary.BigEndian.Uint32(h[5:]) & maxStreamID }
+
+// nextFrame reads one frame whole.
+func (c *h2Conn) nextFrame() (frameHeader, []byte, error) {
+	var head frameHeader
 	if _, err := io.ReadFull(c.r, head[:]); err != nil {
-		return unexpected(err)
+		return head, nil, unexpected(err)
 	}
 	if !c.greeted {
 		// The server's first frame must be SETTINGS (RFC 9113 3.4); an
 		// HTTP/1 server answers the preface with a status line.
-		if string(head[:5]) == "HTTP/" || head[3] != frameSettings || head[4]&flagAck != 0 {
-			return errNotH2
+		if string(head[:5]) == "HTTP/" || head.typ() != frameSettings || head.flags()&flagAck != 0 {
+			return head, nil, errNotH2
 		}
 		c.greeted = true
 	}
-	length := int(head[0])<<16 | int(head[1])<<8 | int(head[2])
-	typ, flags := head[3], head[4]
-	id := binary.BigEndian.Uint32(head[5:]) & maxStreamID
-	if length > maxFrame {
-		return fmt.Errorf("http2: frame of %d bytes exceeds %d", length, maxFrame)
+	if head.length() > maxFrame {
+		return head, nil, fmt.Errorf("http2: frame of %d bytes exceeds %d", head.length(), maxFrame)
 	}
-	p := make([]byte, length)
+	p := make([]byte, head.length())
 	if _, err := io.ReadFull(c.r, p); err != nil {
-		return unexpected(err)
+		return head, nil, unexpected(err)
 	}
+	return head, p, nil
+}
+
+// readFrame reads and handles one frame; an error is the connection's or
+// st's end.
+func (c *h2Conn) readFrame(st *stream) error {
+	head, p, err := c.nextFrame()
+	if err != nil {
+		return err
+	}
+	length, typ, flags, id := len(p), head.typ(), head.flags(), head.streamID()
 	switch typ {
 	case frameData:
 		c.unacked += int64(length)
@@ -359,7 +372,7 @@ func (c *h2Conn) readFrame(st *stream) error {
 		}
 		if id == st.id {
 			st.take(fields)
-			st.ended = head[4]&flagEndStream != 0
+			st.ended = head.flags()&flagEndStream != 0
 		}
 	case frameRSTStream:
 		if id == st.id {
@@ -429,19 +442,14 @@ func (c *h2Conn) readFrame(st *stream) error {
 
 // continuation reads the CONTINUATION frame that must follow on id.
 func (c *h2Conn) continuation(id uint32) ([]byte, byte, error) {
-	var head [9]byte
-	if _, err := io.ReadFull(c.r, head[:]); err != nil {
-		return nil, 0, unexpected(err)
+	head, p, err := c.nextFrame()
+	if err != nil {
+		return nil, 0, err
 	}
-	length := int(head[0])<<16 | int(head[1])<<8 | int(head[2])
-	if head[3] != frameContinuation || binary.BigEndian.Uint32(head[5:])&maxStreamID != id || length > maxFrame {
+	if head.typ() != frameContinuation || head.streamID() != id {
 		return nil, 0, errors.New("http2: header block not continued")
 	}
-	p := make([]byte, length)
-	if _, err := io.ReadFull(c.r, p); err != nil {
-		return nil, 0, unexpected(err)
-	}
-	return p, head[4], nil
+	return p, head.flags(), nil
 }
 
 // giveBack returns received DATA to the windows once half of one is used.

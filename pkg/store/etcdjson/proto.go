@@ -116,14 +116,20 @@ func (s *Store) rangeProto(b []byte, key, end string, limit int, rev int64) []by
 	return b
 }
 
+// appendRangeOp appends, as field branch of a TxnRequest, a RequestOp
+// reading key at revision rev (0: the current one).
+func (s *Store) appendRangeOp(b []byte, branch int, key string, rev int64) []byte {
+	return appendNested(b, branch, func(b []byte) []byte {
+		return appendNested(b, opRange, func(b []byte) []byte { return s.rangeProto(b, key, "", 0, rev) })
+	})
+}
+
 // getProto is the TxnRequest reading keys at revision rev (0: the current
 // one).
 func (s *Store) getProto(keys []string, rev int64) []byte {
 	var b []byte
 	for _, k := range keys {
-		b = appendNested(b, txnSuccess, func(b []byte) []byte {
-			return appendNested(b, opRange, func(b []byte) []byte { return s.rangeProto(b, k, "", 0, rev) })
-		})
+		b = s.appendRangeOp(b, txnSuccess, k, rev)
 	}
 	return b
 }
@@ -163,9 +169,7 @@ func (s *Store) txnProto(conds []store.Cond, same []store.KV, ops []store.Op, fa
 		})
 	}
 	for _, k := range failureReads {
-		b = appendNested(b, txnFailure, func(b []byte) []byte {
-			return appendNested(b, opRange, func(b []byte) []byte { return s.rangeProto(b, k, "", 0, 0) })
-		})
+		b = s.appendRangeOp(b, txnFailure, k, 0)
 	}
 	return b
 }

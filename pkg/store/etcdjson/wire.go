@@ -93,28 +93,21 @@ var errNotSent = errors.New("request not sent")
 // idempotent says the request may be sent twice.
 func (h *httpClient) post(ctx context.Context, ep endpoint, path string, header []string, body []byte, idempotent bool) (int, []byte, error) {
 	req := buildRequest(ep, path, header, body)
-	send := func(c *wireConn) (int, []byte, error) {
-		status, data, reusable, err := h.exchange(ctx, c, req)
-		if err != nil {
-			c.Close()
-			return 0, nil, err
-		}
-		h.pool.release(ep.hostport, c, reusable)
-		return status, data, nil
-	}
-	if c := h.pool.take(ep.hostport); c != nil {
-		status, data, err := send(c)
-		// The server may have closed an idle connection: try once more on
-		// a fresh one when that is safe.
-		if err == nil || ctx.Err() != nil || !(idempotent || errors.Is(err, errNotSent)) {
-			return status, data, err
-		}
-	}
-	c, err := h.dial(ctx, ep)
+	var status int
+	var data []byte
+	err := h.pool.use(ep.hostport,
+		func() (*wireConn, error) { return h.dial(ctx, ep) },
+		func(c *wireConn) (bool, error) {
+			var reusable bool
+			var err error
+			status, data, reusable, err = h.exchange(ctx, c, req)
+			return err == nil && reusable, err
+		},
+		func(err error) bool { return ctx.Err() == nil && (idempotent || errors.Is(err, errNotSent)) })
 	if err != nil {
 		return 0, nil, err
 	}
-	return send(c)
+	return status, data, nil
 }
 
 func buildRequest(ep endpoint, path string, header []string, body []byte) []byte {
@@ -137,8 +130,7 @@ func buildRequest(ep endpoint, path string, header []string, body []byte) []byte
 }
 
 func (h *httpClient) dial(ctx context.Context, ep endpoint) (*wireConn, error) {
-	d := net.Dialer{Timeout: h.dialTimeout, KeepAlive: 30 * time.Second}
-	c, err := d.DialContext(ctx, "tcp", ep.hostport)
+	c, err := dialTCP(ctx, h.dialTimeout, ep.hostport)
 	if err != nil {
 		return nil, err
 	}
