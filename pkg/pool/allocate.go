@@ -419,7 +419,7 @@ func (a *Allocator) plan(ctx context.Context, s *snapshot, req Request, useHint 
 	if err != nil {
 		return plan{}, err
 	}
-	p.write(store.Put(ownerKey(req.Owner), b))
+	p.write(store.Put(ownerKey(req.Owner), b), store.Put(hostOwnerKey(a.host, req.Owner), []byte{}))
 	if req.Reservation != "" {
 		rb, _ := json.Marshal(reservation{Kind: req.Owner.Kind, Owner: owner, Addrs: p.alloc.Addrs})
 		p.write(store.Put(s.resvKV.Key, rb))

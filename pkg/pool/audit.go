@@ -39,6 +39,10 @@ const (
 	// InvHostCount: each host's used count in a pool is the number of
 	// addresses its owners hold there.
 	InvHostCount = "host-count"
+	// InvHostIndex: each host's index of its owners (i/<host>/<owner>)
+	// lists exactly the owner records that name that host, which its GC
+	// and its reclaim read instead of every owner.
+	InvHostIndex = "host-index"
 	// InvCorrupt: every record can be read.
 	InvCorrupt = "corrupt"
 )
@@ -169,6 +173,24 @@ func (a *Allocator) Audit(ctx context.Context) ([]Violation, error) {
 			if _, ok := defs[x.Pool]; !ok {
 				bad(InvRecords, x.Pool, "%s lists %s in a pool that is not recorded", o, x.Addr)
 			}
+		}
+	}
+	// Each host's index of its owners.
+	indexKVs, err := scan(prefixHostOwner)
+	if err != nil {
+		return nil, err
+	}
+	indexed := map[string]bool{}
+	for _, kv := range indexKVs {
+		indexed[kv.Key] = true
+		host, o, _ := strings.Cut(strings.TrimPrefix(kv.Key, prefixHostOwner), "/")
+		if rec, ok := recs[o]; !ok || rec.Host != host {
+			bad(InvHostIndex, "", "%s names an owner that host %s does not hold (ringctl gc repairs the index)", kv.Key, host)
+		}
+	}
+	for o, rec := range recs {
+		if ik := hostOwnerKey(rec.Host, rec.Owner); !indexed[ik] {
+			bad(InvHostIndex, "", "owner %s of host %s is missing from the host's index %s (ringctl gc repairs the index)", o, rec.Host, ik)
 		}
 	}
 	for pa, owners := range listedBy {

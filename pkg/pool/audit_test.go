@@ -163,6 +163,14 @@ func TestAuditFindsEachInvariant(t *testing.T) {
 			b, _ := json.Marshal(hs)
 			put(t, st, hostKey("p4", "host-b"), b)
 		}},
+		{"owner record missing from its host's index", InvHostIndex, func(t *testing.T, st *memory.Store, hosts map[string]*Allocator) {
+			if err := st.Commit(ctx, nil, []store.Op{store.Delete(hostOwnerKey("host-b", hostOwner("host-b", 2)))}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"index key of an owner another host holds", InvHostIndex, func(t *testing.T, st *memory.Store, hosts map[string]*Allocator) {
+			put(t, st, hostOwnerKey("host-a", hostOwner("host-b", 2)), []byte{})
+		}},
 		{"corrupt owner record", InvCorrupt, func(t *testing.T, st *memory.Store, hosts map[string]*Allocator) {
 			put(t, st, ownerKey(hostOwner("host-b", 9)), []byte("{not json"))
 		}},

@@ -346,15 +346,12 @@ func (a *Allocator) planReclaim(ctx context.Context, info HostInfo) (ReclaimPlan
 			p.Pools = append(p.Pools, name)
 		}
 	}
-	owners, err := a.st.Scan(ctx, prefixOwner, store.PrefixEnd(prefixOwner), 0)
+	held, _, err := a.hostOwners(ctx, host, "", "")
 	if err != nil {
 		return p, err
 	}
-	for _, kv := range owners {
-		var rec Allocation
-		if err := json.Unmarshal(kv.Value, &rec); err != nil || rec.Host != host {
-			continue
-		}
+	for _, h := range held {
+		rec := h.rec
 		for _, x := range rec.Addrs {
 			r, ok := rings[x.Pool]
 			if ok && r.ownerOf(toU128(x.Addr)).Host == host {

@@ -20,6 +20,7 @@ const (
 	prefixHost       = "h/" // h/<pool>/<host>: a host's state in a pool
 	prefixAddr       = "a/" // a/<pool>/<hex>: an address is taken
 	prefixOwner      = "o/" // o/<kind>/<network>/<ctr>/<if>: an owner's allocation
+	prefixHostOwner  = "i/" // i/<host>/<kind>/<network>/<ctr>/<if>: the host's owners (index)
 	prefixResv       = "r/" // r/<kind>/<network>/<name>: a reservation
 	prefixHistory    = "y/" // y/<pool>/<hex>/<hex ns>: one event of an address
 	prefixLive       = "l/" // l/<host>: the host's agent holds a lease
@@ -30,11 +31,30 @@ func defKey(pool string) string        { return prefixDef + pool }
 func ringKey(pool string) string       { return prefixRing + pool }
 func hostKey(pool, host string) string { return prefixHost + pool + "/" + host }
 func hostPrefix(pool string) string    { return prefixHost + pool + "/" }
-func addrPrefix(pool string) string    { return prefixAddr + pool + "/" }
-func ownerKey(o Owner) string          { return ownerKeyOf(o.String()) }
+
+// hostOfStateKey is the inverse of hostKey (pool and host names hold no '/').
+func hostOfStateKey(key string) (host, pool string) {
+	pool, host, _ = strings.Cut(strings.TrimPrefix(key, prefixHost), "/")
+	return host, pool
+}
+func addrPrefix(pool string) string { return prefixAddr + pool + "/" }
+func ownerKey(o Owner) string       { return ownerKeyOf(o.String()) }
 
 // ownerKeyOf is the key of the owner whose Owner.String is s.
 func ownerKeyOf(s string) string { return prefixOwner + s }
+
+// hostOwnerKey is the index key saying that host holds owner's record. It
+// exists exactly while o/<owner> does with that host, and is written in the
+// same commits, so a host finds its own owners without reading anyone
+// else's (GC, reclaim). Its value is empty.
+func hostOwnerKey(host string, o Owner) string { return hostOwnersPrefix(host, "", "") + o.String() }
+
+// hostOwnersPrefix is the prefix of host's index keys of owners of kind on
+// network; an empty network means every network of the kind, an empty kind
+// every owner of the host.
+func hostOwnersPrefix(host string, kind Kind, network string) string {
+	return prefixHostOwner + host + "/" + strings.TrimPrefix(ownersPrefix(kind, network), prefixOwner)
+}
 
 // LivenessKey is the key whose presence says host is up. The host agent
 // writes it with a lease (see cmd/ringipamd); pool only reads it.

@@ -14,9 +14,10 @@ import (
 // layoutVersion is the store layout this code reads and writes. Version 1
 // (no layoutKey) keyed owners as o/<network>/<container>/<ifname> with no
 // front end, reservations as r/<network>/<name>, and had no pool registry.
-// Version 2 adds the owner's kind to owner keys, address holders and
-// reservation keys, and the pool registry (registryKey).
-const layoutVersion = "2"
+// Version 2 added the owner's kind to owner keys, address holders and
+// reservation keys, and the pool registry (registryKey). Version 3 adds
+// each host's index of its owners (hostOwnerKey).
+const layoutVersion = "3"
 
 // ErrLayout: the store was written by a newer ringipam whose layout this
 // code does not understand.
@@ -46,14 +47,15 @@ func (a *Allocator) get(ctx context.Context, keys ...string) ([]store.KV, error)
 }
 
 // layoutRead acts on the layout version lv as read: this code's layout is
-// remembered; a newer one is an error; none (an empty store, or version 1)
-// is migrated, and then what was read with it is stale (migrated true).
+// remembered; a newer one is an error; an older one (none: an empty store,
+// or version 1; or version 2) is migrated, and then what was read with it
+// is stale (migrated true).
 func (a *Allocator) layoutRead(ctx context.Context, lv store.KV) (migrated bool, err error) {
 	switch v := string(lv.Value); {
 	case v == layoutVersion:
 		a.layoutOK.Store(true)
 		return false, nil
-	case lv.Exists():
+	case lv.Exists() && v != "2":
 		return false, fmt.Errorf("%w: the store has layout %q, this ringipam reads %q: upgrade ringipam", ErrLayout, v, layoutVersion)
 	}
 	if err := a.run(ctx, func(int) error { return a.migrate(ctx) }); err != nil {
@@ -70,13 +72,49 @@ func (a *Allocator) ensureLayout(ctx context.Context) error {
 	return err
 }
 
-// migrate rewrites a version-1 store as version 2, one owner per commit
-// (its record, its address keys and its reservation move together, so the
-// store is consistent after every step), then records the pool registry and
-// the version in a last commit conditioned on the version being absent.
-// Running it again, or from several processes at once, is safe: what was
-// migrated is recognised and skipped, and a conflict restarts it.
+// migrate brings a store of layout 1 or 2 to this code's layout. From
+// layout 1, one owner per commit moves to its kind's keys (its record, its
+// address keys and its reservation together, so the store is consistent
+// after every step), and reservations no owner holds follow. Then every
+// owner is entered in its host's index (reindex), and a last commit,
+// conditioned on the version being as read, records the version (and,
+// from layout 1, the pool registry). Running it again, or from several
+// processes at once, is safe: what was migrated is recognised and skipped,
+// and a conflict restarts it.
 func (a *Allocator) migrate(ctx context.Context) error {
+	lv, err := a.st.Get(ctx, layoutKey)
+	if err != nil {
+		return err
+	}
+	from := lv[0]
+	if string(from.Value) == layoutVersion {
+		return nil // another process finished first
+	}
+	if !from.Exists() {
+		if err := a.migrateV1(ctx); err != nil {
+			return err
+		}
+	}
+	if _, _, err := a.reindex(ctx, false); err != nil {
+		return err
+	}
+	conds := []store.Cond{store.Unchanged(from)}
+	ops := []store.Op{store.Put(layoutKey, []byte(layoutVersion))}
+	if !from.Exists() {
+		regKV, reg, err := a.registryOfV1(ctx)
+		if err != nil {
+			return err
+		}
+		b, _ := json.Marshal(reg)
+		conds = append(conds, store.Unchanged(regKV))
+		ops = append(ops, store.Put(registryKey, b))
+	}
+	return a.st.Commit(ctx, conds, ops)
+}
+
+// migrateV1 moves a version-1 store's owners and reservations to their
+// kinds' keys.
+func (a *Allocator) migrateV1(ctx context.Context) error {
 	owners, err := a.st.Scan(ctx, prefixOwner, store.PrefixEnd(prefixOwner), 0)
 	if err != nil {
 		return err
@@ -112,25 +150,28 @@ func (a *Allocator) migrate(ctx context.Context) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// registryOfV1 is the pool registry of a version-1 store: every recorded
+// pool, read from its d/ key.
+func (a *Allocator) registryOfV1(ctx context.Context) (store.KV, registry, error) {
 	defs, err := a.st.Scan(ctx, prefixDef, store.PrefixEnd(prefixDef), 0)
 	if err != nil {
-		return err
+		return store.KV{}, registry{}, err
 	}
-	kvs, err := a.st.Get(ctx, registryKey, layoutKey)
+	kvs, err := a.st.Get(ctx, registryKey)
 	if err != nil {
-		return err
-	}
-	if string(kvs[1].Value) == layoutVersion {
-		return nil // another process finished first
+		return store.KV{}, registry{}, err
 	}
 	reg, err := decodeRegistry(kvs[0])
 	if err != nil {
-		return err
+		return store.KV{}, registry{}, err
 	}
 	for _, kv := range defs {
 		d, err := parseDef(strings.TrimPrefix(kv.Key, prefixDef), kv.Value)
 		if err != nil {
-			return err
+			return store.KV{}, registry{}, err
 		}
 		// Pools recorded before the registry existed may overlap; they
 		// are listed all the same (Check reports the overlap) rather than
@@ -141,9 +182,117 @@ func (a *Allocator) migrate(ctx context.Context) error {
 			reg.Pools = append(reg.Pools, registeredOf(d))
 		}
 	}
-	b, _ := json.Marshal(reg)
-	return a.st.Commit(ctx, []store.Cond{store.Unchanged(kvs[0]), store.Unchanged(kvs[1])},
-		[]store.Op{store.Put(registryKey, b), store.Put(layoutKey, []byte(layoutVersion))})
+	return kvs[0], reg, nil
+}
+
+// Reindex makes every host's index of its owners (hostOwnerKey) match the
+// owner records: a record missing from its host's index is entered, an
+// index key whose record is gone or another host's is deleted. Writers of
+// this layout keep the index exact; what Reindex finds is what a process of
+// an older ringipam wrote while the store was being migrated. It reads
+// every owner, for operators (ringctl gc) and the migration, and returns
+// how many keys it entered and deleted.
+func (a *Allocator) Reindex(ctx context.Context) (entered, deleted int, err error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	if err := a.ensureLayout(ctx); err != nil {
+		return 0, 0, err
+	}
+	err = a.run(ctx, func(int) error {
+		e, d, err := a.reindex(ctx, false)
+		entered += e
+		deleted += d
+		return err
+	})
+	return entered, deleted, err
+}
+
+// PlanReindex returns what Reindex would enter and delete now; it changes
+// nothing.
+func (a *Allocator) PlanReindex(ctx context.Context) (entered, deleted int, err error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	if err := a.ensureLayout(ctx); err != nil {
+		return 0, 0, err
+	}
+	return a.reindex(ctx, true)
+}
+
+// reindex is one pass of Reindex; each commit is conditioned on the owner
+// records it decided on, so a conflict means "read again". It counts what
+// its successful commits entered and deleted; dry commits nothing and
+// counts what it would.
+func (a *Allocator) reindex(ctx context.Context, dry bool) (entered, deleted int, err error) {
+	owners, err := a.st.Scan(ctx, prefixOwner, store.PrefixEnd(prefixOwner), 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	index, err := a.st.Scan(ctx, prefixHostOwner, store.PrefixEnd(prefixHostOwner), 0)
+	if err != nil {
+		return 0, 0, err
+	}
+	indexed := map[string]bool{}
+	for _, kv := range index {
+		indexed[kv.Key] = true
+	}
+	var conds []store.Cond
+	var ops []store.Op
+	var puts, dels int
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		if !dry {
+			if err := a.st.Commit(ctx, conds, ops); err != nil {
+				return err
+			}
+		}
+		entered, deleted = entered+puts, deleted+dels
+		conds, ops, puts, dels = nil, nil, 0, 0
+		return nil
+	}
+	add := func(c store.Cond, o store.Op) error {
+		if len(conds)+len(ops)+2 > store.MaxOps {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		conds, ops = append(conds, c), append(ops, o)
+		if o.Delete {
+			dels++
+		} else {
+			puts++
+		}
+		return nil
+	}
+	revision := map[string]int64{} // owner key -> revision as scanned
+	want := map[string]bool{}      // index keys the records call for
+	for _, kv := range owners {
+		revision[kv.Key] = kv.Revision
+		owner, ok := parseOwner(strings.TrimPrefix(kv.Key, prefixOwner))
+		var rec Allocation
+		if !ok || json.Unmarshal(kv.Value, &rec) != nil || validName("host", rec.Host) != nil {
+			continue // a version-1 key, or corrupt: Audit reports it
+		}
+		ik := hostOwnerKey(rec.Host, owner)
+		want[ik] = true
+		if !indexed[ik] {
+			if err := add(store.Unchanged(kv), store.Put(ik, []byte{})); err != nil {
+				return entered, deleted, err
+			}
+		}
+	}
+	for _, kv := range index {
+		if want[kv.Key] {
+			continue
+		}
+		_, owner, _ := strings.Cut(strings.TrimPrefix(kv.Key, prefixHostOwner), "/")
+		ownerK := ownerKeyOf(owner)
+		if err := add(store.Cond{Key: ownerK, Revision: revision[ownerK]}, store.Delete(kv.Key)); err != nil {
+			return entered, deleted, err
+		}
+	}
+	return entered, deleted, flush()
 }
 
 // v1Kind tells which front end wrote a version-1 owner: the Docker driver

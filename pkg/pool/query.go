@@ -62,28 +62,40 @@ type Filter struct {
 	Pool    string
 }
 
-// List returns the allocations that match f, ordered by owner key.
+// List returns the allocations that match f, ordered by owner key. With a
+// Host it reads that host's owners only, through the host's index.
 func (a *Allocator) List(ctx context.Context, f Filter) ([]Allocation, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
 	if err := a.ensureLayout(ctx); err != nil {
 		return nil, err
 	}
-	prefix := ownersPrefix(f.Kind, f.Network)
-	kvs, err := a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
-	if err != nil {
-		return nil, err
+	var recs []Allocation
+	if f.Host != "" {
+		held, _, err := a.hostOwners(ctx, f.Host, f.Kind, f.Network)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range held {
+			recs = append(recs, r.rec)
+		}
+	} else {
+		prefix := ownersPrefix(f.Kind, f.Network)
+		kvs, err := a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
+		if err != nil {
+			return nil, err
+		}
+		for _, kv := range kvs {
+			var rec Allocation
+			if err := json.Unmarshal(kv.Value, &rec); err != nil {
+				return nil, fmt.Errorf("%s: stored allocation is corrupt: %w", kv.Key, err)
+			}
+			recs = append(recs, rec)
+		}
 	}
 	var out []Allocation
-	for _, kv := range kvs {
-		var rec Allocation
-		if err := json.Unmarshal(kv.Value, &rec); err != nil {
-			return nil, fmt.Errorf("%s: stored allocation is corrupt: %w", kv.Key, err)
-		}
+	for _, rec := range recs {
 		if f.Network != "" && rec.Owner.Network != f.Network {
-			continue
-		}
-		if f.Host != "" && rec.Host != f.Host {
 			continue
 		}
 		if f.Pool != "" && !holdsPool(rec, f.Pool) {
@@ -103,40 +115,79 @@ func holdsPool(a Allocation, pool string) bool {
 	return false
 }
 
+// hostOwners reads host's owners of kind on network (empty: all) through
+// the host's index: one scan of its index keys and one read of the records
+// they name, so the cost follows this host's owners, never the network's.
+// An index key whose record is absent, or is another host's, is returned
+// in dangling with the record as read; no writer of this layout leaves one
+// (see Reindex).
+func (a *Allocator) hostOwners(ctx context.Context, host string, kind Kind, network string) (held, dangling []ownerRead, err error) {
+	prefix := hostOwnersPrefix(host, kind, network)
+	idx, err := a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	owners := make([]Owner, 0, len(idx))
+	keys := make([]string, 0, len(idx))
+	for _, kv := range idx {
+		o, ok := parseOwner(strings.TrimPrefix(kv.Key, hostOwnersPrefix(host, "", "")))
+		if !ok {
+			return nil, nil, fmt.Errorf("%s: not an index key of an owner", kv.Key)
+		}
+		owners = append(owners, o)
+		keys = append(keys, ownerKey(o))
+	}
+	recs, err := a.st.Get(ctx, keys...)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i, kv := range recs {
+		r, ok, err := readOwner(owners[i], kv)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !ok || r.rec.Host != host {
+			dangling = append(dangling, ownerRead{owner: owners[i], kv: kv, index: idx[i].Key})
+			continue
+		}
+		r.index = idx[i].Key
+		held = append(held, r)
+	}
+	return held, dangling, nil
+}
+
 // GC releases this host's allocations of front end kind on network whose
 // owner is not in valid, and returns them. Other hosts' allocations, and
-// other front ends' owners, are never touched. It goes through every stale
-// owner even when one fails, and returns the joined errors.
+// other front ends' owners, are never read or touched, so GCs of several
+// hosts never conflict. It reads this host's owners of the network (two
+// round trips, see hostOwners) and releases the stale ones several to a
+// commit; it goes through every stale owner even when one fails, and
+// returns the joined errors.
 func (a *Allocator) GC(ctx context.Context, kind Kind, network string, valid []Owner) ([]Allocation, error) {
 	if !kind.Valid() || network == "" || strings.Contains(network, "/") {
 		return nil, fmt.Errorf("%w: GC needs a front end kind and a network name", ErrInvalid)
 	}
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
+	if err := a.ensureLayout(ctx); err != nil {
+		return nil, err
+	}
 	keep := map[string]bool{}
 	for _, o := range valid {
 		keep[o.String()] = true
 	}
-	held, err := a.List(ctx, Filter{Kind: kind, Host: a.host, Network: network})
+	held, dangling, err := a.hostOwners(ctx, a.host, kind, network)
 	if err != nil {
 		return nil, err
 	}
-	var released []Allocation
-	var errs []error
-	for _, rec := range held {
-		if keep[rec.Owner.String()] {
-			continue
-		}
-		r, ok, err := a.Release(ctx, rec.Owner)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("release %s: %w", rec.Owner, err))
-			continue
-		}
-		if ok {
-			released = append(released, r)
+	var stale []ownerRead
+	for _, r := range held {
+		if !keep[r.owner.String()] {
+			stale = append(stale, r)
 		}
 	}
-	return released, errors.Join(errs...)
+	released, err := a.releaseOwners(ctx, stale)
+	return released, errors.Join(err, a.dropIndex(ctx, dangling))
 }
 
 // Usage reports how full pool is.

@@ -118,17 +118,14 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 			rep.TombstonedPools = append(rep.TombstonedPools, p)
 		}
 	}
-	// 2. Release the owners of its old view.
-	owners, err := a.st.Scan(ctx, prefixOwner, store.PrefixEnd(prefixOwner), 0)
+	// 2. Release the owners of its old view (found through its index).
+	held, _, err := a.hostOwners(ctx, host, "", "")
 	if err != nil {
 		return rep, err
 	}
 	rings := map[string]ring{}
-	for _, kv := range owners {
-		var rec Allocation
-		if err := json.Unmarshal(kv.Value, &rec); err != nil || rec.Host != host {
-			continue
-		}
+	for _, h := range held {
+		rec := h.rec
 		stale, err := a.inTombstone(ctx, rings, host, rec)
 		if err != nil {
 			return rep, err
@@ -139,9 +136,9 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 		released := false
 		err = a.run(ctx, func(attempt int) error {
 			released = false
-			cur := kv
+			cur := h.kv
 			if attempt > 0 {
-				got, err := a.st.Get(ctx, kv.Key)
+				got, err := a.st.Get(ctx, cur.Key)
 				if err != nil {
 					return err
 				}
@@ -272,7 +269,7 @@ func (a *Allocator) releaseOrphan(ctx context.Context, owner Owner, ownerKV stor
 		return false, fmt.Errorf("%s: stored allocation is corrupt: %w", ownerKV.Key, err)
 	}
 	conds := append([]store.Cond{store.Unchanged(ownerKV)}, guard...)
-	ops := []store.Op{store.Delete(ownerKV.Key)}
+	ops := []store.Op{store.Delete(ownerKV.Key), store.Delete(hostOwnerKey(rec.Host, owner))}
 	hold := false
 	until := a.now().Add(a.hold)
 	if rec.Reservation != "" {

@@ -3,6 +3,7 @@ package pool
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -114,37 +115,47 @@ func (a *Allocator) ReleaseWith(ctx context.Context, owner Owner, hint ReleaseHi
 			}
 			known[kvs[0].Key] = kvs[0]
 		}
-		var err error
-		released, found, err = a.releaseRecord(ctx, owner, known)
-		return err
+		r, ok, err := readOwner(owner, known[ownerKey(owner)])
+		if err != nil || !ok {
+			found = false
+			return err
+		}
+		got, err := a.releaseRecords(ctx, []ownerRead{r}, known)
+		if err != nil {
+			return err
+		}
+		released, found = got[0], true
+		return nil
 	})
 	return released, found, err
 }
 
-// releaseRecord frees what owner's record (in known) lists, in one commit
-// conditioned on that record being unchanged. known holds keys already
-// read; the others the commit depends on are read now.
-func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, known map[string]store.KV) (Allocation, bool, error) {
-	ownerKV := known[ownerKey(owner)]
-	rec, ok, err := decodeOwner(owner, ownerKV)
+// ownerRead is an owner's record as read: its key and revision, and the
+// record decoded.
+type ownerRead struct {
+	owner Owner
+	kv    store.KV
+	rec   Allocation
+	index string // the host index key it was found by (hostOwners)
+}
+
+// readOwner decodes owner's record kv as read; false when it is absent.
+func readOwner(owner Owner, kv store.KV) (ownerRead, bool, error) {
+	rec, ok, err := decodeOwner(owner, kv)
 	if err != nil || !ok {
-		return Allocation{}, false, err
+		return ownerRead{}, false, err
 	}
-	var pools []string
-	var need []string
-	for _, x := range rec.Addrs {
-		if !slices.Contains(pools, x.Pool) {
-			pools = append(pools, x.Pool)
-			need = append(need, hostKey(x.Pool, rec.Host))
-		}
-	}
-	resvK := ""
-	if rec.Reservation != "" {
-		resvK = resvKey(owner.Kind, owner.Network, rec.Reservation)
-		need = append(need, resvK)
-	}
+	return ownerRead{owner: owner, kv: kv, rec: rec}, true, nil
+}
+
+// releaseRecords frees what each record of owners (as read, all present)
+// lists, in one commit conditioned on every record being unchanged, and
+// returns the records released, in order. known holds keys already read;
+// the others the commit depends on (host states, reservations) are read
+// now, in one round trip.
+func (a *Allocator) releaseRecords(ctx context.Context, owners []ownerRead, known map[string]store.KV) ([]Allocation, error) {
 	var missing []string
-	for _, k := range need {
+	for _, k := range releaseReads(owners) {
 		if _, ok := known[k]; !ok {
 			missing = append(missing, k)
 		}
@@ -152,70 +163,235 @@ func (a *Allocator) releaseRecord(ctx context.Context, owner Owner, known map[st
 	if len(missing) > 0 {
 		got, err := a.st.Get(ctx, missing...)
 		if err != nil {
-			return Allocation{}, false, err
+			return nil, err
 		}
 		for _, kv := range got {
 			known[kv.Key] = kv
 		}
 	}
-	conds := []store.Cond{store.Unchanged(ownerKV)}
-	ops := []store.Op{store.Delete(ownerKey(owner))}
+	conds, ops, ownPools, err := a.releaseCommit(owners, known)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.st.Commit(ctx, conds, ops); err != nil {
+		return nil, err
+	}
+	a.stats.commits.Add(1)
+	a.noteRelease(ownPools, ops)
+	out := make([]Allocation, len(owners))
+	for i, o := range owners {
+		out[i] = o.rec
+	}
+	return out, nil
+}
 
-	// A reservation this owner holds keeps its addresses for the hold.
-	hold := false
-	until := a.now().Add(a.hold)
-	if resvK != "" {
-		resvKV := known[resvK]
-		var resv reservation
-		if resvKV.Exists() && json.Unmarshal(resvKV.Value, &resv) == nil && resv.Owner == owner.String() {
-			hold = a.hold > 0
-			resv.Owner = ""
-			resv.Until = 0
-			if hold {
-				resv.Until = until.Unix()
+// releaseOwners releases owners as read (present), as many to a commit as
+// store.MaxOps allows, each commit under the lock of its pools and after
+// one read of the keys it decides on (see releaseRecords). An owner changed
+// meanwhile is read again; one gone meanwhile, or now another host's, is
+// left alone. It goes through every owner even when one fails (a failed
+// commit is tried again owner by owner, so one owner's failure is its own)
+// and returns what it released with the joined errors.
+func (a *Allocator) releaseOwners(ctx context.Context, owners []ownerRead) ([]Allocation, error) {
+	var released []Allocation
+	var errs []error
+	for len(owners) > 0 {
+		n := 1
+		for n < len(owners) && releaseSize(owners[:n+1]) <= store.MaxOps {
+			n++
+		}
+		batch := owners[:n]
+		owners = owners[n:]
+		got, err := a.releaseBatch(ctx, batch)
+		if err != nil && len(batch) > 1 {
+			got, err = nil, nil
+			for _, o := range batch {
+				one, oerr := a.releaseBatch(ctx, []ownerRead{o})
+				got = append(got, one...)
+				if oerr != nil {
+					err = errors.Join(err, fmt.Errorf("release %s: %w", o.owner, oerr))
+				}
 			}
-			b, _ := json.Marshal(resv)
-			conds = append(conds, store.Unchanged(resvKV))
-			ops = append(ops, store.Put(resvKV.Key, b))
+		} else if err != nil {
+			err = fmt.Errorf("release %s: %w", batch[0].owner, err)
+		}
+		released = append(released, got...)
+		errs = append(errs, err)
+	}
+	return released, errors.Join(errs...)
+}
+
+// releaseBatch releases batch in one commit (see releaseOwners).
+func (a *Allocator) releaseBatch(ctx context.Context, batch []ownerRead) ([]Allocation, error) {
+	var pools []string
+	for _, o := range batch {
+		for _, x := range o.rec.Addrs {
+			if !slices.Contains(pools, x.Pool) {
+				pools = append(pools, x.Pool)
+			}
 		}
 	}
+	unlock, err := a.lockPools(ctx, pools)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	var out []Allocation
+	err = a.run(ctx, func(attempt int) error {
+		out = nil
+		if attempt > 0 {
+			keys := make([]string, len(batch))
+			for i, o := range batch {
+				keys[i] = o.kv.Key
+			}
+			kvs, err := a.st.Get(ctx, keys...)
+			if err != nil {
+				return err
+			}
+			var again []ownerRead
+			for i, kv := range kvs {
+				r, ok, err := readOwner(batch[i].owner, kv)
+				if err != nil {
+					return err
+				}
+				if ok && r.rec.Host == batch[i].rec.Host {
+					again = append(again, r)
+				}
+			}
+			batch = again
+		}
+		if len(batch) == 0 {
+			return nil
+		}
+		known := map[string]store.KV{}
+		for _, o := range batch {
+			known[o.kv.Key] = o.kv
+		}
+		got, err := a.releaseRecords(ctx, batch, known)
+		out = got
+		return err
+	})
+	return out, err
+}
+
+// dropIndex deletes the index keys of dangling (see hostOwners), each on
+// condition that its owner's record is still as read; one changed meanwhile
+// is left for the next call.
+func (a *Allocator) dropIndex(ctx context.Context, dangling []ownerRead) error {
+	var conds []store.Cond
+	var ops []store.Op
+	flush := func() error {
+		if len(ops) == 0 {
+			return nil
+		}
+		err := a.st.Commit(ctx, conds, ops)
+		conds, ops = nil, nil
+		if errors.Is(err, store.ErrConflict) {
+			return nil
+		}
+		return err
+	}
+	for _, d := range dangling {
+		if len(conds)+len(ops)+2 > store.MaxOps {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		conds = append(conds, store.Cond{Key: ownerKey(d.owner), Revision: d.kv.Revision})
+		ops = append(ops, store.Delete(d.index))
+	}
+	return flush()
+}
+
+// releaseReads are the keys a release of owners decides on besides their
+// records: the state of each (pool, host) they hold addresses in, and the
+// reservations they name.
+func releaseReads(owners []ownerRead) []string {
+	var ks keyset
+	for _, o := range owners {
+		for _, x := range o.rec.Addrs {
+			ks.add(hostKey(x.Pool, o.rec.Host))
+		}
+		if o.rec.Reservation != "" {
+			ks.add(resvKey(o.owner.Kind, o.owner.Network, o.rec.Reservation))
+		}
+	}
+	return ks.keys
+}
+
+// releaseSize bounds the conditions plus operations of releaseCommit for
+// owners, so callers can keep a commit within store.MaxOps.
+func releaseSize(owners []ownerRead) int {
+	n := 2 * len(releaseReads(owners)) // a condition and a write each
+	for _, o := range owners {
+		n += 3 + 2*len(o.rec.Addrs) // record: condition, delete, index delete; per address: key, history
+	}
+	return n
+}
+
+// releaseCommit plans the release of owners on the state in known (which
+// holds every key of releaseReads): the conditions, the writes, and the
+// pools of this host whose state it changes.
+func (a *Allocator) releaseCommit(owners []ownerRead, known map[string]store.KV) ([]store.Cond, []store.Op, []string, error) {
+	var conds []store.Cond
+	var ops []store.Op
+	var states keyset // (pool, host) states, in first-seen order
 	freed := map[string]uint64{}
-	for _, x := range rec.Addrs {
-		key := addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4())
-		ev := Event{Time: a.now(), What: EventRelease, Owner: owner.String(), Host: rec.Host, Reserv: rec.Reservation}
-		if hold {
-			ops = append(ops, store.Put(key, holdHolder(rec.Host, owner.Kind, owner.Network, rec.Reservation, until).encode()))
-			ev.What = EventHold
-		} else {
-			ops = append(ops, store.Delete(key))
+	until := a.now().Add(a.hold)
+	for _, o := range owners {
+		rec, owner := o.rec, o.owner
+		conds = append(conds, store.Unchanged(o.kv))
+		ops = append(ops, store.Delete(o.kv.Key), store.Delete(hostOwnerKey(rec.Host, owner)))
+		// A reservation this owner holds keeps its addresses for the hold.
+		hold := false
+		if rec.Reservation != "" {
+			resvKV := known[resvKey(owner.Kind, owner.Network, rec.Reservation)]
+			var resv reservation
+			if resvKV.Exists() && json.Unmarshal(resvKV.Value, &resv) == nil && resv.Owner == owner.String() {
+				hold = a.hold > 0
+				resv.Owner = ""
+				resv.Until = 0
+				if hold {
+					resv.Until = until.Unix()
+				}
+				b, _ := json.Marshal(resv)
+				conds = append(conds, store.Unchanged(resvKV))
+				ops = append(ops, store.Put(resvKV.Key, b))
+			}
 		}
-		ops = append(ops, historyOp(x.Pool, x.Addr, ev))
-		freed[x.Pool]++
+		for _, x := range rec.Addrs {
+			key := addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4())
+			ev := Event{Time: a.now(), What: EventRelease, Owner: owner.String(), Host: rec.Host, Reserv: rec.Reservation}
+			if hold {
+				ops = append(ops, store.Put(key, holdHolder(rec.Host, owner.Kind, owner.Network, rec.Reservation, until).encode()))
+				ev.What = EventHold
+			} else {
+				ops = append(ops, store.Delete(key))
+			}
+			ops = append(ops, historyOp(x.Pool, x.Addr, ev))
+			hk := hostKey(x.Pool, rec.Host)
+			states.add(hk)
+			freed[hk]++
+		}
 	}
-	for _, p := range pools {
-		kv := known[hostKey(p, rec.Host)]
+	var ownPools []string
+	for _, hk := range states.keys {
+		kv := known[hk]
 		var hs hostState
 		if kv.Exists() {
 			if err := decodeHostState(kv.Value, &hs); err != nil {
-				return Allocation{}, false, fmt.Errorf("pool %s host %s: corrupt state: %w", p, rec.Host, err)
+				return nil, nil, nil, fmt.Errorf("%s: corrupt host state: %w", hk, err)
 			}
 		}
-		hs.Used -= min(hs.Used, freed[p])
-		if rec.Host == a.host {
+		hs.Used -= min(hs.Used, freed[hk])
+		if host, pool := hostOfStateKey(hk); host == a.host {
 			hs.Seen = a.now().Unix()
+			ownPools = append(ownPools, pool)
 		}
-		b := encodeHostState(hs)
-		conds = append(conds, store.Unchanged(kv))
-		ops = append(ops, store.Put(kv.Key, b))
+		conds = append(conds, store.Cond{Key: hk, Revision: kv.Revision})
+		ops = append(ops, store.Put(hk, encodeHostState(hs)))
 	}
-	if err := a.st.Commit(ctx, conds, ops); err != nil {
-		return Allocation{}, false, err
-	}
-	a.stats.commits.Add(1)
-	if rec.Host == a.host {
-		a.noteRelease(pools, ops)
-	}
-	return rec, true, nil
+	return conds, ops, ownPools, nil
 }
 
 // Hold is an address kept for a released reservation.
