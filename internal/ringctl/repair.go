@@ -274,7 +274,8 @@ func (c *Ctl) endpointsOf(ctx context.Context, host string) ([]endpoint, error) 
 }
 
 // GC reclaims every orphaned host (down longer than OrphanAfter) with its
-// published ports, and removes the keys of holds whose time has ended.
+// published ports, removes the keys of holds whose time has ended, compacts
+// the address history and repairs the hosts' index of their owners.
 func (c *Ctl) GC(ctx context.Context, dry bool) (Actions, error) {
 	out := Actions{DryRun: dry, Actions: []Action{}}
 	plans, err := c.Pool.PlanSweep(ctx, c.OrphanAfter)
@@ -311,8 +312,11 @@ func (c *Ctl) GC(ctx context.Context, dry bool) (Actions, error) {
 	if err := c.compactHistory(ctx, dry, &out); err != nil {
 		return out, err
 	}
+	if err := c.reindex(ctx, dry, &out); err != nil {
+		return out, err
+	}
 	if len(out.Actions) == 0 {
-		out.note("nothing to collect: no orphaned host (orphanAfter %s), no ended hold, no history beyond %d events per address", c.OrphanAfter, pool.HistoryKeep)
+		out.note("nothing to collect: no orphaned host (orphanAfter %s), no ended hold, no history beyond %d events per address, every host's index of its owners exact", c.OrphanAfter, pool.HistoryKeep)
 	}
 	return out, nil
 }
@@ -332,6 +336,24 @@ func (c *Ctl) compactHistory(ctx context.Context, dry bool, out *Actions) error 
 	}
 	out.add(Action{Do: "compact-history", Target: "address history",
 		Detail: fmt.Sprintf("%d events beyond the newest %d per address", n, pool.HistoryKeep)})
+	return nil
+}
+
+// reindex makes every host's index of its owners match the owner records
+// (what an older ringipam may have left while the store was migrated).
+func (c *Ctl) reindex(ctx context.Context, dry bool, out *Actions) error {
+	var entered, deleted int
+	var err error
+	if dry {
+		entered, deleted, err = c.Pool.PlanReindex(ctx)
+	} else {
+		entered, deleted, err = c.Pool.Reindex(ctx)
+	}
+	if err != nil || entered+deleted == 0 {
+		return err
+	}
+	out.add(Action{Do: "reindex", Target: "hosts' owner index",
+		Detail: fmt.Sprintf("%d owners entered in their host's index, %d index keys of owners gone deleted", entered, deleted)})
 	return nil
 }
 

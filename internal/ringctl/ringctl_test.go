@@ -622,6 +622,48 @@ func TestGCCompactsHistory(t *testing.T) {
 	}
 }
 
+// gc repairs the hosts' index of their owners (what an older ringipam may
+// leave while the store is migrated), and its dry run says so first.
+func TestGCRepairsTheHostIndex(t *testing.T) {
+	ctx := context.Background()
+	w := newWorld(t)
+	// node-b's owner 1 is missing from its index; node-a's index names an
+	// owner that is gone.
+	if err := w.ctl.Store.Commit(ctx, nil, []store.Op{
+		store.Delete("i/node-b/" + owner("node-b", 1).String()),
+		store.Put("i/node-a/"+owner("node-a", 7).String(), []byte{}),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	v, err := w.ctl.Pool.Audit(ctx)
+	if err != nil || len(v) != 2 || v[0].Invariant != pool.InvHostIndex || v[1].Invariant != pool.InvHostIndex {
+		t.Fatalf("audit of the broken index: %v %v", v, err)
+	}
+	want := []Action{{Do: "reindex", Target: "hosts' owner index", Detail: "1 owners entered in their host's index, 1 index keys of owners gone deleted"}}
+	dry, err := w.ctl.GC(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, dry.Actions, addrCmp); diff != "" {
+		t.Fatalf("gc dry run:\n%s", diff)
+	}
+	if v, _ := w.ctl.Pool.Audit(ctx); len(v) != 2 {
+		t.Fatalf("the dry run changed the index: %v", v)
+	}
+	real, err := w.ctl.GC(ctx, false)
+	if err != nil || !cmp.Equal(want, real.Actions, addrCmp) {
+		t.Fatalf("gc: %+v %v", real, err)
+	}
+	if v, err := w.ctl.Pool.Audit(ctx); err != nil || len(v) != 0 {
+		t.Fatalf("audit after gc: %v %v", v, err)
+	}
+	// node-b's GC now sees its owner 1 again: it is released as stale.
+	rel, err := w.hosts["node-b"].GC(ctx, pool.KindCNI, "net", []pool.Owner{owner("node-b", 0), owner("node-b", 2)})
+	if err != nil || len(rel) != 1 || rel[0].Owner != owner("node-b", 1) {
+		t.Fatalf("node-b's GC after the repair: %v %v", rel, err)
+	}
+}
+
 // check audits the published ports too: a port whose endpoint record is
 // gone (nothing will release it) is a finding, exit 1.
 func TestCheckAuditsPublishedPorts(t *testing.T) {
