@@ -564,7 +564,55 @@ func BenchmarkEtcdRoundTrips(b *testing.B) {
 		}
 		tw.Flush()
 		fmt.Printf("\netcd round trips with two hosts working at once (grpc_server_handled_total, KV service):\n%s\n", sb.String())
+		benchGCReads(b, e, confs)
 	}
+}
+
+// benchGCReads measures one CNI GC of host-a (10 of its 20 owners stale)
+// twice: beside no owner of host-b on the network, and beside 300. etcd's
+// KV requests and the bytes it sent for the GC must not grow with host-b's
+// owners: a GC reads this host's owners only.
+func benchGCReads(b *testing.B, e *testenv.Etcd, confs map[string][]byte) {
+	const mine, others = 20, 300
+	endpoint := e.Endpoints()[0]
+	own := ids("host-a-gc", mine)
+	valid := make([]map[string]string, 0, mine/2)
+	for _, id := range own[:mine/2] {
+		valid = append(valid, map[string]string{"containerID": id, "ifname": "eth0"})
+	}
+	var m map[string]any
+	if err := json.Unmarshal(confs["host-a"], &m); err != nil {
+		b.Fatal(err)
+	}
+	m["cni.dev/valid-attachments"] = valid
+	gcConf, _ := json.Marshal(m)
+	type gcRun struct{ requests, bytes float64 }
+	gc := func() gcRun {
+		if _, _, err := parallelDo(cnitest.IPAMBin, confs["host-a"], "ADD", own, 1); err != nil {
+			b.Fatal(err)
+		}
+		reqs, sent := etcdKVRequests(b, endpoint), etcdSentBytes(b, endpoint)
+		if _, err := execIPAMBin(cnitest.IPAMBin, gcConf, "GC", "gc"); err != nil {
+			b.Fatal(err)
+		}
+		return gcRun{etcdKVRequests(b, endpoint) - reqs, etcdSentBytes(b, endpoint) - sent}
+	}
+	alone := gc()
+	if _, _, err := parallelDo(cnitest.IPAMBin, confs["host-b"], "ADD", ids("host-b-gc", others), 1); err != nil {
+		b.Fatal(err)
+	}
+	beside := gc()
+	var sb strings.Builder
+	tw := tabwriter.NewWriter(&sb, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "host-b's owners on the network\tetcd KV requests\tbytes etcd sent\t\n")
+	fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t\n", 0, alone.requests, alone.bytes)
+	fmt.Fprintf(tw, "%d\t%.0f\t%.0f\t\n", others, beside.requests, beside.bytes)
+	tw.Flush()
+	ratio := beside.bytes / alone.bytes
+	fmt.Printf("CNI GC of host-a, %d of its %d owners stale (one plugin process):\n%sbytes read beside %d owners of host-b / beside none: %.2fx (%s: a GC reads this host's owners only)\n\n",
+		mine/2, mine, sb.String(), others, ratio, metOrNot(ratio < 1.1 && beside.requests == alone.requests))
+	b.ReportMetric(beside.requests, "etcd-requests/GC")
+	b.ReportMetric(ratio, "gc-bytes-ratio")
 }
 
 // withPrevResult adds a prevResult to an IPAM configuration: CHECK compares
@@ -581,6 +629,17 @@ func withPrevResult(b *testing.B, conf []byte) []byte {
 
 // etcdKVRequests reads the KV requests etcd has served from its metrics.
 func etcdKVRequests(b *testing.B, endpoint string) float64 {
+	return etcdMetric(b, endpoint, "grpc_server_handled_total{", `grpc_service="etcdserverpb.KV"`)
+}
+
+// etcdSentBytes reads the bytes etcd has sent to its gRPC clients.
+func etcdSentBytes(b *testing.B, endpoint string) float64 {
+	return etcdMetric(b, endpoint, "etcd_network_client_grpc_sent_bytes_total", "")
+}
+
+// etcdMetric sums the samples of etcd's metrics whose line starts with
+// prefix and contains label.
+func etcdMetric(b *testing.B, endpoint, prefix, label string) float64 {
 	c := http.Client{Timeout: 5 * time.Second}
 	resp, err := c.Get(endpoint + "/metrics")
 	if err != nil {
@@ -592,7 +651,7 @@ func etcdKVRequests(b *testing.B, endpoint string) float64 {
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "grpc_server_handled_total{") || !strings.Contains(line, `grpc_service="etcdserverpb.KV"`) {
+		if !strings.HasPrefix(line, prefix) || !strings.Contains(line, label) {
 			continue
 		}
 		f := strings.Fields(line)
@@ -602,7 +661,7 @@ func etcdKVRequests(b *testing.B, endpoint string) float64 {
 		}
 	}
 	if total == 0 {
-		b.Fatal("etcd's metrics report no KV request")
+		b.Fatalf("etcd's metrics report nothing for %s %s", prefix, label)
 	}
 	return total
 }
