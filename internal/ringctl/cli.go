@@ -114,7 +114,7 @@ var commands = []command{
 	{"release", "ADDRESS [--pool P] | --owner O  [--no-hold] [--dry-run]", "release the owner of ADDRESS, or every owner O matches", true, setupRelease},
 	{"hold drop", "NAME --network N [--kind K] [--dry-run]", "free the addresses held for released reservation NAME", true, setupHoldDrop},
 	{"rmpeer", "HOST [--force] [--tombstone] [--dry-run]", "remove HOST: tombstone its ranges, release its owners and ports", true, setupRmpeer},
-	{"gc", "[--dry-run]", "reclaim orphaned hosts, drop ended holds", true, setupGC},
+	{"gc", "[--dry-run]", "reclaim orphaned hosts, drop ended holds, repair the owner index", true, setupGC},
 	{"host ack", "[HOST]", "clear HOST's orphaned mark (default: this host)", true, setupHostAck},
 	{"check", "", "check the store's invariants; one line per violation", true, setupCheck},
 	{"import host-local", "DIR [--network N] [--host H] [--conflist FILE] [--dry-run]", "adopt host-local's allocations in DIR", true, setupImport},

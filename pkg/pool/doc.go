@@ -16,7 +16,8 @@
 //
 // Every allocation has an Owner: a front end (Kind: cni, docker, port,
 // ringctl) and within it (network, container ID, interface). Listings, GC
-// and CHECK are scoped to one kind. Allocate is idempotent per owner. A
+// and CHECK are scoped to one kind. Each host's index of its owners lets GC
+// and the reclaim of a gone host read that host's owners only. Allocate is idempotent per owner. A
 // Reservation name remembers an owner's addresses; after a release they stay
 // held for the name (WithReservationHold), then remain a preference.
 //
@@ -27,13 +28,14 @@
 //
 // # Store layout (keys relative to the backend's prefix)
 //
-//	v                        layout version ("2"; an older store migrates once)
+//	v                        layout version ("3"; an older store migrates once)
 //	x/pools                  registry of every recorded pool's ranges
 //	d/<pool>                 pool definition (immutable once recorded)
 //	g/<pool>                 the ring: ordered tokens {start, host, tombstone}
 //	h/<pool>/<host>          host state in the pool: round-robin cursor, addresses used
 //	a/<pool>/<hex address>   "<host> <owner>", or a reservation's hold: the address is taken (uniqueness key)
 //	o/<kind>/<net>/<ctr>/<if> the owner's allocation
+//	i/<host>/<owner>         empty: the host's index of its owners, written with the record
 //	r/<kind>/<network>/<name> a reservation: its holder, remembered addresses, end of hold
 //
 // # Transactions and errors

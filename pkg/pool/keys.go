@@ -31,14 +31,8 @@ func defKey(pool string) string        { return prefixDef + pool }
 func ringKey(pool string) string       { return prefixRing + pool }
 func hostKey(pool, host string) string { return prefixHost + pool + "/" + host }
 func hostPrefix(pool string) string    { return prefixHost + pool + "/" }
-
-// hostOfStateKey is the inverse of hostKey (pool and host names hold no '/').
-func hostOfStateKey(key string) (host, pool string) {
-	pool, host, _ = strings.Cut(strings.TrimPrefix(key, prefixHost), "/")
-	return host, pool
-}
-func addrPrefix(pool string) string { return prefixAddr + pool + "/" }
-func ownerKey(o Owner) string       { return ownerKeyOf(o.String()) }
+func addrPrefix(pool string) string    { return prefixAddr + pool + "/" }
+func ownerKey(o Owner) string          { return ownerKeyOf(o.String()) }
 
 // ownerKeyOf is the key of the owner whose Owner.String is s.
 func ownerKeyOf(s string) string { return prefixOwner + s }
@@ -61,6 +55,12 @@ func hostOwnersPrefix(host string, kind Kind, network string) string {
 func LivenessKey(host string) string { return prefixLive + host }
 
 func hostRecordKey(host string) string { return prefixHostRecord + host }
+
+// parseHostKey is the inverse of hostKey (pool and host names hold no '/').
+func parseHostKey(key string) (pool, host string) {
+	pool, host, _ = strings.Cut(strings.TrimPrefix(key, prefixHost), "/")
+	return pool, host
+}
 
 func historyPrefix(pool string, v u128, is4 bool) string {
 	return prefixHistory + pool + "/" + hexOf(v, is4) + "/"

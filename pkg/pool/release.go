@@ -384,7 +384,7 @@ func (a *Allocator) releaseCommit(owners []ownerRead, known map[string]store.KV)
 			}
 		}
 		hs.Used -= min(hs.Used, freed[hk])
-		if host, pool := hostOfStateKey(hk); host == a.host {
+		if pool, host := parseHostKey(hk); host == a.host {
 			hs.Seen = a.now().Unix()
 			ownPools = append(ownPools, pool)
 		}
