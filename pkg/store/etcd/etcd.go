@@ -18,7 +18,11 @@
 //   - Timeouts: New does not block on the network (the client dials lazily,
 //     except with Username set, where it authenticates within DialTimeout).
 //     Every call runs under RequestTimeout (or the caller's earlier deadline),
-//     so an unreachable cluster costs at most that long.
+//     so an unreachable cluster costs at most that long; a Scan of more than
+//     one page gives each page its own RequestTimeout, since etcd 3.4 reads
+//     the whole rest of the range for every page (a scan of n keys costs it
+//     about n²/2000 index visits), so a large store's whole scan can take
+//     longer than one request should.
 //   - Errors: an unreachable cluster, a missing leader or a timeout returns an
 //     error wrapping store.ErrUnavailable that lists the endpoints; a caller's
 //     cancellation returns an error wrapping context.Canceled; oversized
@@ -206,8 +210,6 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 	if to <= from {
 		return nil, ctx.Err() // an empty range: nothing to read
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
 	var out []store.KV
 	var rev int64
 	key, end := s.prefix+from, s.prefix+to
@@ -227,10 +229,14 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 		if rev != 0 {
 			opts = append(opts, clientv3.WithRev(rev))
 		}
-		resp, err := s.cli.Get(ctx, key, opts...)
+		pctx, cancel := context.WithTimeout(ctx, s.timeout)
+		resp, err := s.cli.Get(pctx, key, opts...)
 		if err != nil {
-			return nil, classify(ctx, s.endpoints, fmt.Errorf("scan: %w", err))
+			err = classify(pctx, s.endpoints, fmt.Errorf("scan: %w", err))
+			cancel()
+			return nil, err
 		}
+		cancel()
 		if rev == 0 {
 			rev = resp.Header.Revision
 		}
