@@ -235,36 +235,21 @@ func (a *Allocator) reindex(ctx context.Context, dry bool) (entered, deleted int
 	for _, kv := range index {
 		indexed[kv.Key] = true
 	}
-	var conds []store.Cond
-	var ops []store.Op
-	var puts, dels int
-	flush := func() error {
-		if len(ops) == 0 {
-			return nil
-		}
+	b := pairBatch{commit: func(conds []store.Cond, ops []store.Op) error {
 		if !dry {
 			if err := a.st.Commit(ctx, conds, ops); err != nil {
 				return err
 			}
 		}
-		entered, deleted = entered+puts, deleted+dels
-		conds, ops, puts, dels = nil, nil, 0, 0
-		return nil
-	}
-	add := func(c store.Cond, o store.Op) error {
-		if len(conds)+len(ops)+2 > store.MaxOps {
-			if err := flush(); err != nil {
-				return err
+		for _, o := range ops {
+			if o.Delete {
+				deleted++
+			} else {
+				entered++
 			}
 		}
-		conds, ops = append(conds, c), append(ops, o)
-		if o.Delete {
-			dels++
-		} else {
-			puts++
-		}
 		return nil
-	}
+	}}
 	revision := map[string]int64{} // owner key -> revision as scanned
 	want := map[string]bool{}      // index keys the records call for
 	for _, kv := range owners {
@@ -277,7 +262,7 @@ func (a *Allocator) reindex(ctx context.Context, dry bool) (entered, deleted int
 		ik := hostOwnerKey(rec.Host, owner)
 		want[ik] = true
 		if !indexed[ik] {
-			if err := add(store.Unchanged(kv), store.Put(ik, []byte{})); err != nil {
+			if err := b.add(store.Unchanged(kv), store.Put(ik, []byte{})); err != nil {
 				return entered, deleted, err
 			}
 		}
@@ -288,11 +273,39 @@ func (a *Allocator) reindex(ctx context.Context, dry bool) (entered, deleted int
 		}
 		_, owner, _ := strings.Cut(strings.TrimPrefix(kv.Key, prefixHostOwner), "/")
 		ownerK := ownerKeyOf(owner)
-		if err := add(store.Cond{Key: ownerK, Revision: revision[ownerK]}, store.Delete(kv.Key)); err != nil {
+		if err := b.add(store.Cond{Key: ownerK, Revision: revision[ownerK]}, store.Delete(kv.Key)); err != nil {
 			return entered, deleted, err
 		}
 	}
-	return entered, deleted, flush()
+	return entered, deleted, b.flush()
+}
+
+// pairBatch gathers (condition, write) pairs into commits of at most
+// store.MaxOps entries, each handed to commit; a batch is dropped after its
+// commit whatever the outcome.
+type pairBatch struct {
+	commit func([]store.Cond, []store.Op) error
+	conds  []store.Cond
+	ops    []store.Op
+}
+
+func (b *pairBatch) add(c store.Cond, o store.Op) error {
+	if len(b.conds)+len(b.ops)+2 > store.MaxOps {
+		if err := b.flush(); err != nil {
+			return err
+		}
+	}
+	b.conds, b.ops = append(b.conds, c), append(b.ops, o)
+	return nil
+}
+
+func (b *pairBatch) flush() error {
+	if len(b.ops) == 0 {
+		return nil
+	}
+	err := b.commit(b.conds, b.ops)
+	b.conds, b.ops = nil, nil
+	return err
 }
 
 // v1Kind tells which front end wrote a version-1 owner: the Docker driver

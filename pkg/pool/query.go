@@ -127,10 +127,11 @@ func (a *Allocator) hostOwners(ctx context.Context, host string, kind Kind, netw
 	if err != nil {
 		return nil, nil, err
 	}
+	hostIndex := hostOwnersPrefix(host, "", "")
 	owners := make([]Owner, 0, len(idx))
 	keys := make([]string, 0, len(idx))
 	for _, kv := range idx {
-		o, ok := parseOwner(strings.TrimPrefix(kv.Key, hostOwnersPrefix(host, "", "")))
+		o, ok := parseOwner(strings.TrimPrefix(kv.Key, hostIndex))
 		if !ok {
 			return nil, nil, fmt.Errorf("%s: not an index key of an owner", kv.Key)
 		}

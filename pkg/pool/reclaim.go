@@ -259,49 +259,19 @@ func (a *Allocator) inTombstone(ctx context.Context, rings map[string]ring, host
 	return false, nil
 }
 
-// releaseOrphan releases one owner of a reclaimed host: its record and
-// address keys go (or become holds for its reservation), in one commit
-// conditioned on the record and on guard. The host's state was dropped by
-// the tombstoning, so no count is kept.
+// releaseOrphan releases one owner of a reclaimed host: its record, its
+// index key and its address keys go (or become holds for its reservation),
+// in one commit conditioned on the record and on guard. The host's state
+// was dropped by the tombstoning, so no count is kept.
 func (a *Allocator) releaseOrphan(ctx context.Context, owner Owner, ownerKV store.KV, guard []store.Cond) (bool, error) {
-	var rec Allocation
-	if err := json.Unmarshal(ownerKV.Value, &rec); err != nil {
-		return false, fmt.Errorf("%s: stored allocation is corrupt: %w", ownerKV.Key, err)
-	}
-	conds := append([]store.Cond{store.Unchanged(ownerKV)}, guard...)
-	ops := []store.Op{store.Delete(ownerKV.Key), store.Delete(hostOwnerKey(rec.Host, owner))}
-	hold := false
-	until := a.now().Add(a.hold)
-	if rec.Reservation != "" {
-		kvs, err := a.st.Get(ctx, resvKey(rec.Owner.Kind, rec.Owner.Network, rec.Reservation))
-		if err != nil {
-			return false, err
-		}
-		var r reservation
-		if kvs[0].Exists() && json.Unmarshal(kvs[0].Value, &r) == nil && r.Owner == rec.Owner.String() {
-			hold = a.hold > 0
-			r.Owner, r.Until = "", 0
-			if hold {
-				r.Until = until.Unix()
-			}
-			b, _ := json.Marshal(r)
-			conds = append(conds, store.Unchanged(kvs[0]))
-			ops = append(ops, store.Put(kvs[0].Key, b))
-		}
-	}
-	for _, x := range rec.Addrs {
-		key := addrKey(x.Pool, toU128(x.Addr), x.Addr.Is4())
-		if hold {
-			ops = append(ops, store.Put(key, holdHolder(rec.Host, rec.Owner.Kind, rec.Owner.Network, rec.Reservation, until).encode()))
-		} else {
-			ops = append(ops, store.Delete(key))
-		}
-		ops = append(ops, historyOp(x.Pool, x.Addr, Event{Time: a.now(), What: EventReclaim, Owner: rec.Owner.String(), Host: rec.Host, Reserv: rec.Reservation}))
-	}
-	if err := a.st.Commit(ctx, conds, ops); err != nil {
+	r, ok, err := readOwner(owner, ownerKV)
+	if err != nil || !ok {
 		return false, err
 	}
-	a.stats.commits.Add(1)
+	known := map[string]store.KV{ownerKV.Key: ownerKV}
+	if _, err := a.releaseRecords(ctx, []ownerRead{r}, known, releaseMode{reclaim: true, guard: guard}); err != nil {
+		return false, err
+	}
 	return true, nil
 }
 

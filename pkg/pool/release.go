@@ -120,7 +120,7 @@ func (a *Allocator) ReleaseWith(ctx context.Context, owner Owner, hint ReleaseHi
 			found = false
 			return err
 		}
-		got, err := a.releaseRecords(ctx, []ownerRead{r}, known)
+		got, err := a.releaseRecords(ctx, []ownerRead{r}, known, releaseMode{})
 		if err != nil {
 			return err
 		}
@@ -148,14 +148,24 @@ func readOwner(owner Owner, kv store.KV) (ownerRead, bool, error) {
 	return ownerRead{owner: owner, kv: kv, rec: rec}, true, nil
 }
 
+// releaseMode is how a release is recorded. A release (the zero value)
+// counts the freed addresses off their hosts' states and records release
+// or hold events. A reclaim of a gone host's owner keeps no count (the
+// tombstoning dropped the host's state), records reclaim events, and
+// carries the reclaim's guard conditions.
+type releaseMode struct {
+	reclaim bool
+	guard   []store.Cond
+}
+
 // releaseRecords frees what each record of owners (as read, all present)
 // lists, in one commit conditioned on every record being unchanged, and
 // returns the records released, in order. known holds keys already read;
 // the others the commit depends on (host states, reservations) are read
 // now, in one round trip.
-func (a *Allocator) releaseRecords(ctx context.Context, owners []ownerRead, known map[string]store.KV) ([]Allocation, error) {
+func (a *Allocator) releaseRecords(ctx context.Context, owners []ownerRead, known map[string]store.KV, mode releaseMode) ([]Allocation, error) {
 	var missing []string
-	for _, k := range releaseReads(owners) {
+	for _, k := range releaseReads(owners, mode) {
 		if _, ok := known[k]; !ok {
 			missing = append(missing, k)
 		}
@@ -169,7 +179,7 @@ func (a *Allocator) releaseRecords(ctx context.Context, owners []ownerRead, know
 			known[kv.Key] = kv
 		}
 	}
-	conds, ops, ownPools, err := a.releaseCommit(owners, known)
+	conds, ops, ownPools, err := a.releaseCommit(owners, known, mode)
 	if err != nil {
 		return nil, err
 	}
@@ -267,7 +277,7 @@ func (a *Allocator) releaseBatch(ctx context.Context, batch []ownerRead) ([]Allo
 		for _, o := range batch {
 			known[o.kv.Key] = o.kv
 		}
-		got, err := a.releaseRecords(ctx, batch, known)
+		got, err := a.releaseRecords(ctx, batch, known, releaseMode{})
 		out = got
 		return err
 	})
@@ -278,39 +288,30 @@ func (a *Allocator) releaseBatch(ctx context.Context, batch []ownerRead) ([]Allo
 // condition that its owner's record is still as read; one changed meanwhile
 // is left for the next call.
 func (a *Allocator) dropIndex(ctx context.Context, dangling []ownerRead) error {
-	var conds []store.Cond
-	var ops []store.Op
-	flush := func() error {
-		if len(ops) == 0 {
-			return nil
+	b := pairBatch{commit: func(conds []store.Cond, ops []store.Op) error {
+		if err := a.st.Commit(ctx, conds, ops); !errors.Is(err, store.ErrConflict) {
+			return err
 		}
-		err := a.st.Commit(ctx, conds, ops)
-		conds, ops = nil, nil
-		if errors.Is(err, store.ErrConflict) {
-			return nil
-		}
-		return err
-	}
+		return nil
+	}}
 	for _, d := range dangling {
-		if len(conds)+len(ops)+2 > store.MaxOps {
-			if err := flush(); err != nil {
-				return err
-			}
+		if err := b.add(store.Cond{Key: ownerKey(d.owner), Revision: d.kv.Revision}, store.Delete(d.index)); err != nil {
+			return err
 		}
-		conds = append(conds, store.Cond{Key: ownerKey(d.owner), Revision: d.kv.Revision})
-		ops = append(ops, store.Delete(d.index))
 	}
-	return flush()
+	return b.flush()
 }
 
 // releaseReads are the keys a release of owners decides on besides their
-// records: the state of each (pool, host) they hold addresses in, and the
-// reservations they name.
-func releaseReads(owners []ownerRead) []string {
+// records: the state of each (pool, host) they hold addresses in (unless
+// mode is a reclaim), and the reservations they name.
+func releaseReads(owners []ownerRead, mode releaseMode) []string {
 	var ks keyset
 	for _, o := range owners {
 		for _, x := range o.rec.Addrs {
-			ks.add(hostKey(x.Pool, o.rec.Host))
+			if !mode.reclaim {
+				ks.add(hostKey(x.Pool, o.rec.Host))
+			}
 		}
 		if o.rec.Reservation != "" {
 			ks.add(resvKey(o.owner.Kind, o.owner.Network, o.rec.Reservation))
@@ -322,7 +323,7 @@ func releaseReads(owners []ownerRead) []string {
 // releaseSize bounds the conditions plus operations of releaseCommit for
 // owners, so callers can keep a commit within store.MaxOps.
 func releaseSize(owners []ownerRead) int {
-	n := 2 * len(releaseReads(owners)) // a condition and a write each
+	n := 2 * len(releaseReads(owners, releaseMode{})) // a condition and a write each
 	for _, o := range owners {
 		n += 3 + 2*len(o.rec.Addrs) // record: condition, delete, index delete; per address: key, history
 	}
@@ -332,8 +333,8 @@ func releaseSize(owners []ownerRead) int {
 // releaseCommit plans the release of owners on the state in known (which
 // holds every key of releaseReads): the conditions, the writes, and the
 // pools of this host whose state it changes.
-func (a *Allocator) releaseCommit(owners []ownerRead, known map[string]store.KV) ([]store.Cond, []store.Op, []string, error) {
-	var conds []store.Cond
+func (a *Allocator) releaseCommit(owners []ownerRead, known map[string]store.KV, mode releaseMode) ([]store.Cond, []store.Op, []string, error) {
+	conds := slices.Clone(mode.guard)
 	var ops []store.Op
 	var states keyset // (pool, host) states, in first-seen order
 	freed := map[string]uint64{}
@@ -368,7 +369,13 @@ func (a *Allocator) releaseCommit(owners []ownerRead, known map[string]store.KV)
 			} else {
 				ops = append(ops, store.Delete(key))
 			}
+			if mode.reclaim {
+				ev.What = EventReclaim
+			}
 			ops = append(ops, historyOp(x.Pool, x.Addr, ev))
+			if mode.reclaim {
+				continue
+			}
 			hk := hostKey(x.Pool, rec.Host)
 			states.add(hk)
 			freed[hk]++
