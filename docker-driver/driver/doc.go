@@ -39,10 +39,19 @@
 //     holding host releases. Owners of kind docker are invisible to the CNI
 //     plugin's GC and CHECK, whatever the network names.
 //   - An --aux-address arrives as a request without a MAC; an address the
-//     pool may hand out is reserved cluster-wide by owner "aux-<addr>", with
-//     one marker per host under "docker/aux/"; the last host's
-//     ReleaseAddress frees it. Aux addresses outside the allocatable range
-//     need no reservation.
+//     pool may hand out is reserved cluster-wide by one shared owner
+//     "aux-<addr>" (pool.Allocator.Share) whose record lists every host
+//     whose network reserves it, written in the same commit as the claim.
+//     A host's ReleaseAddress (Unshare), or the reclaim of a gone host,
+//     drops only that host's claim; the last claim frees the address. The
+//     claim is per host, not per Docker network: dockerd's release carries
+//     no network ID and its start-up replay re-requests every aux address,
+//     so two networks of one host on one pool share one claim. Drivers
+//     before shared owners kept the hosts as markers under
+//     "docker/aux/<pool>/<addr>/<host>"; such a record (no holders) reads
+//     as held by its host, and the next request or release of the address
+//     on any host adopts the markers' hosts as holders and deletes them.
+//     Aux addresses outside the allocatable range need no reservation.
 //   - ReleaseAddress and ReleasePool succeed for addresses and pools that
 //     are unknown or already released.
 //

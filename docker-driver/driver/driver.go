@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/docker/go-plugins-helpers/ipam"
@@ -354,7 +355,9 @@ func auxOwner(poolName string, a netip.Addr) pool.Owner {
 	return pool.Owner{Kind: pool.KindDocker, Network: poolName, ContainerID: "aux-" + a.String()}
 }
 
-// aux reserves an --aux-address cluster-wide, if the pool could hand it out.
+// aux reserves an --aux-address cluster-wide for this host's network, if
+// the pool could hand it out: one shared owner whose holders are the hosts
+// reserving it (pool.Allocator.Share).
 func (d *Driver) aux(ctx context.Context, pid poolID, a netip.Addr) (netip.Addr, error) {
 	def, err := d.alloc.Definition(ctx, pid.Pool)
 	if err != nil {
@@ -363,18 +366,49 @@ func (d *Driver) aux(ctx context.Context, pid poolID, a netip.Addr) (netip.Addr,
 	if !def.Contains(a) {
 		return a, nil // outside the allocatable range, or the gateway: never handed out anyway
 	}
-	if err := d.st.Commit(ctx, nil, []store.Op{store.Put(auxKey(pid.Pool, a, d.host), []byte(d.host))}); err != nil {
-		return netip.Addr{}, fmt.Errorf("mark aux address %s: %w", a, err)
-	}
 	o := auxOwner(pid.Pool, a)
-	if _, err := d.alloc.Allocate(ctx, pool.Request{Owner: o, Wants: []pool.Want{{Pool: pid.Pool, Role: pool.RoleIP, Addr: a}}}); err != nil {
-		if derr := d.st.Commit(ctx, nil, []store.Op{store.Delete(auxKey(pid.Pool, a, d.host))}); derr != nil {
-			err = errors.Join(err, derr)
-		}
+	adopt, markers, err := d.legacyAux(ctx, pid, a)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	if _, err := d.alloc.Share(ctx, o, pool.Want{Pool: pid.Pool, Role: pool.RoleIP, Addr: a}, adopt...); err != nil {
 		return netip.Addr{}, fmt.Errorf("reserve aux address: %w", err)
 	}
+	d.dropMarkers(ctx, markers)
 	d.log.Info("reserved aux address", "pool", pid.Pool, "addr", a)
 	return a, nil
+}
+
+// legacyAux reads the per-host markers (docker/aux/<pool>/<addr>/<host>)
+// with which drivers before shared owners recorded who reserves an aux
+// address: their hosts are to be adopted as holders, then the markers go.
+// A store without markers costs one scan that finds nothing.
+func (d *Driver) legacyAux(ctx context.Context, pid poolID, a netip.Addr) (hosts, keys []string, err error) {
+	prefix := auxPrefix(pid.Pool, a)
+	kvs, err := d.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("aux address %s: %w", a, err)
+	}
+	for _, kv := range kvs {
+		hosts = append(hosts, strings.TrimPrefix(kv.Key, prefix))
+		keys = append(keys, kv.Key)
+	}
+	return hosts, keys, nil
+}
+
+// dropMarkers deletes adopted legacy markers; best effort (a marker left
+// behind is adopted again, which changes nothing).
+func (d *Driver) dropMarkers(ctx context.Context, keys []string) {
+	if len(keys) == 0 {
+		return
+	}
+	var ops []store.Op
+	for _, k := range keys {
+		ops = append(ops, store.Delete(k))
+	}
+	if err := d.st.Commit(ctx, nil, ops); err != nil {
+		d.log.Warn("dropping adopted aux markers", "err", err)
+	}
 }
 
 // ReleaseAddress releases a container address or this host's hold on an aux
@@ -423,8 +457,8 @@ func (d *Driver) ReleaseAddress(ctx context.Context, req *ipam.ReleaseAddressReq
 	return nil
 }
 
-// releaseAux drops this host's marker on an aux reservation and frees the
-// address once no host marks it. held is false if a is not reserved as aux.
+// releaseAux drops this host's claim on an aux reservation; the last
+// claim frees the address. held is false if a is not reserved as aux.
 func (d *Driver) releaseAux(ctx context.Context, pid poolID, a netip.Addr) (held bool, err error) {
 	o := auxOwner(pid.Pool, a)
 	al, ok, err := d.alloc.Lookup(ctx, o)
@@ -434,21 +468,24 @@ func (d *Driver) releaseAux(ctx context.Context, pid poolID, a netip.Addr) (held
 	if got, _ := al.Addr(pid.Pool, pool.RoleIP); got != a {
 		return false, nil
 	}
-	if err := d.st.Commit(ctx, nil, []store.Op{store.Delete(auxKey(pid.Pool, a, d.host))}); err != nil {
-		return true, fmt.Errorf("unmark aux address %s: %w", a, err)
+	if len(al.Holders) == 0 {
+		// Recorded before shared owners: adopt the markers' hosts first.
+		adopt, markers, err := d.legacyAux(ctx, pid, a)
+		if err != nil {
+			return true, err
+		}
+		if _, err := d.alloc.Share(ctx, o, pool.Want{Pool: pid.Pool, Role: pool.RoleIP, Addr: a}, adopt...); err != nil {
+			return true, fmt.Errorf("aux address %s: %w", a, err)
+		}
+		d.dropMarkers(ctx, markers)
 	}
-	prefix := auxPrefix(pid.Pool, a)
-	left, err := d.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 1)
+	_, _, released, err := d.alloc.Unshare(ctx, o)
 	if err != nil {
-		return true, fmt.Errorf("aux address %s: %w", a, err)
+		return true, fmt.Errorf("release aux address %s: %w", a, err)
 	}
-	if len(left) > 0 {
-		return true, nil
+	if released {
+		d.log.Info("released aux address", "pool", pid.Pool, "addr", a)
 	}
-	if _, _, err := d.alloc.Release(ctx, o); err != nil {
-		return true, err
-	}
-	d.log.Info("released aux address", "pool", pid.Pool, "addr", a)
 	return true, nil
 }
 

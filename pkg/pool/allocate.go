@@ -415,6 +415,9 @@ func (a *Allocator) plan(ctx context.Context, s *snapshot, req Request, useHint 
 		b := encodeHostState(t.host)
 		p.write(store.Put(hostKey(t.name, a.host), b))
 	}
+	if req.shared && !s.exists {
+		p.alloc.Holders = []string{a.host}
+	}
 	b, err := encodeAllocation(p.alloc)
 	if err != nil {
 		return plan{}, err

@@ -184,13 +184,15 @@ func (a *Allocator) Audit(ctx context.Context) ([]Violation, error) {
 	for _, kv := range indexKVs {
 		indexed[kv.Key] = true
 		host, o, _ := strings.Cut(strings.TrimPrefix(kv.Key, prefixHostOwner), "/")
-		if rec, ok := recs[o]; !ok || rec.Host != host {
+		if rec, ok := recs[o]; !ok || !rec.HeldBy(host) {
 			bad(InvHostIndex, "", "%s names an owner that host %s does not hold (ringctl gc repairs the index)", kv.Key, host)
 		}
 	}
 	for o, rec := range recs {
-		if ik := hostOwnerKey(rec.Host, rec.Owner); !indexed[ik] {
-			bad(InvHostIndex, "", "owner %s of host %s is missing from the host's index %s (ringctl gc repairs the index)", o, rec.Host, ik)
+		for _, h := range rec.holders() {
+			if ik := hostOwnerKey(h, rec.Owner); !indexed[ik] {
+				bad(InvHostIndex, "", "owner %s of host %s is missing from the host's index %s (ringctl gc repairs the index)", o, h, ik)
+			}
 		}
 	}
 	for pa, owners := range listedBy {

@@ -186,7 +186,7 @@ func encodeTokens(tokens []token) []byte {
 // --- Allocation
 
 var (
-	allocationKeys = []string{"owner", "host", "reservation", "addrs"}
+	allocationKeys = []string{"owner", "host", "reservation", "addrs", "holders"}
 	ownerKeys      = []string{"kind", "network", "containerID", "ifName"}
 	assignedKeys   = []string{"pool", "role", "addr"}
 )
@@ -218,6 +218,12 @@ func decodeAllocation(b []byte, a *Allocation) error {
 				a.Host, ok = val.String()
 			case "reservation":
 				a.Reservation, ok = val.String()
+			case "holders":
+				ok = decodeList(val, &a.Holders, func(e jsonscan.Value, h *string) bool {
+					var ok bool
+					*h, ok = e.String()
+					return ok
+				})
 			case "addrs":
 				ok = decodeList(val, &a.Addrs, func(e jsonscan.Value, x *Assigned) bool {
 					return e.Members(assignedKeys, false, func(key string, val jsonscan.Value) bool {
@@ -260,8 +266,9 @@ func encodeAllocation(a Allocation) ([]byte, error) {
 			w.String(a.Reservation)
 		}
 		w.Raw(`,"addrs":`)
+		defer writeHolders(w, a.Holders)
 		if a.Addrs == nil {
-			w.Raw("null}")
+			w.Raw("null")
 			return
 		}
 		w.Raw("[")
@@ -277,8 +284,23 @@ func encodeAllocation(a Allocation) ([]byte, error) {
 			writeText(w, x.Addr)
 			w.Raw("}")
 		}
-		w.Raw("]}")
+		w.Raw("]")
 	})
+}
+
+// writeHolders ends an allocation: its holders, if any, and the brace.
+func writeHolders(w *jsonscan.Writer, holders []string) {
+	if len(holders) > 0 {
+		w.Raw(`,"holders":[`)
+		for i, h := range holders {
+			if i > 0 {
+				w.Raw(",")
+			}
+			w.String(h)
+		}
+		w.Raw("]")
+	}
+	w.Raw("}")
 }
 
 // --- Def

@@ -259,11 +259,13 @@ func (a *Allocator) reindex(ctx context.Context, dry bool) (entered, deleted int
 		if !ok || json.Unmarshal(kv.Value, &rec) != nil || validName("host", rec.Host) != nil {
 			continue // a version-1 key, or corrupt: Audit reports it
 		}
-		ik := hostOwnerKey(rec.Host, owner)
-		want[ik] = true
-		if !indexed[ik] {
-			if err := b.add(store.Unchanged(kv), store.Put(ik, []byte{})); err != nil {
-				return entered, deleted, err
+		for _, h := range rec.holders() {
+			ik := hostOwnerKey(h, owner)
+			want[ik] = true
+			if !indexed[ik] {
+				if err := b.add(store.Unchanged(kv), store.Put(ik, []byte{})); err != nil {
+					return entered, deleted, err
+				}
 			}
 		}
 	}

@@ -147,7 +147,7 @@ func (a *Allocator) hostOwners(ctx context.Context, host string, kind Kind, netw
 		if err != nil {
 			return nil, nil, err
 		}
-		if !ok || r.rec.Host != host {
+		if !ok || !r.rec.HeldBy(host) {
 			dangling = append(dangling, ownerRead{owner: owners[i], kv: kv, index: idx[i].Key})
 			continue
 		}

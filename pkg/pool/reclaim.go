@@ -38,6 +38,9 @@ type ReclaimReport struct {
 	// TombstonedPools and ReleasedOwners name what Pools and Released count.
 	TombstonedPools []string
 	ReleasedOwners  []Allocation
+	// Unshared are the shared owners (see Share) whose claim of the host
+	// was dropped while other hosts keep them: not released.
+	Unshared []Allocation
 }
 
 // Reclaim takes a host's space back (rmpeer, or orphaning by Sweep):
@@ -126,6 +129,18 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 	rings := map[string]ring{}
 	for _, h := range held {
 		rec := h.rec
+		if len(without(rec.holders(), host)) > 0 {
+			// A shared owner other hosts' networks still reserve: only
+			// this host's claim goes.
+			dropped, err := a.reclaimClaim(ctx, h, host, guard)
+			if err != nil {
+				return rep, fmt.Errorf("dropping %s's claim on %s: %w", host, rec.Owner, err)
+			}
+			if dropped {
+				rep.Unshared = append(rep.Unshared, rec)
+			}
+			continue
+		}
 		stale, err := a.inTombstone(ctx, rings, host, rec)
 		if err != nil {
 			return rep, err
@@ -221,6 +236,36 @@ func (a *Allocator) Sweep(ctx context.Context, orphanAfter time.Duration) ([]Rec
 		out = append(out, rep)
 	}
 	return out, errors.Join(errs...)
+}
+
+// reclaimClaim drops host's claim on the shared owner h (read through the
+// host's index) that other holders keep, reading it again after a conflict.
+// dropped is false when the claim was gone already.
+func (a *Allocator) reclaimClaim(ctx context.Context, h ownerRead, host string, guard []store.Cond) (dropped bool, err error) {
+	err = a.run(ctx, func(attempt int) error {
+		dropped = false
+		r := h
+		if attempt > 0 {
+			got, err := a.st.Get(ctx, h.kv.Key)
+			if err != nil {
+				return err
+			}
+			var ok bool
+			if r, ok, err = readOwner(h.owner, got[0]); err != nil || !ok || !r.rec.HeldBy(host) {
+				return err
+			}
+		}
+		if len(without(r.rec.holders(), host)) == 0 {
+			// The others unshared meanwhile: the next sweep releases it.
+			return nil
+		}
+		if err := a.dropHolder(ctx, r, host, releaseMode{reclaim: true, guard: guard}); err != nil {
+			return err
+		}
+		dropped = true
+		return nil
+	})
+	return dropped, err
 }
 
 func decodeRing(def Def, kv store.KV) (ring, error) {

@@ -3,6 +3,7 @@ package pool
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 )
@@ -142,6 +143,8 @@ type Request struct {
 	// the recorded one (ErrDefinitionMismatch), inside the allocation's own
 	// read and commit. It saves a caller the round trip of Define.
 	Defs []Def
+	// shared: a new record lists this host as its first holder (Share).
+	shared bool
 }
 
 // Assigned is one address an owner holds.
@@ -157,6 +160,24 @@ type Allocation struct {
 	Host        string     `json:"host"`
 	Reservation string     `json:"reservation,omitempty"`
 	Addrs       []Assigned `json:"addrs"`
+	// Holders lists, for an owner allocated with Share, every host whose
+	// network reserves its addresses (Host among them: the one whose count
+	// and ranges hold them). Empty for every other owner, and for shared
+	// records written before Share existed: those are held by Host alone.
+	Holders []string `json:"holders,omitempty"`
+}
+
+// holders is every host holding a: Holders, or Host when it is empty.
+func (a Allocation) holders() []string {
+	if len(a.Holders) == 0 {
+		return []string{a.Host}
+	}
+	return a.Holders
+}
+
+// HeldBy reports whether host holds a (is its Host, or one of its Holders).
+func (a Allocation) HeldBy(host string) bool {
+	return a.Host == host || slices.Contains(a.Holders, host)
 }
 
 // Addr returns the address held for (pool, role), if any.
