@@ -39,7 +39,7 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 	defer st.Close()
 	// The host lock lets the driver and ipam-ring processes on the same
 	// host, sharing a pool, queue instead of conflicting in the store.
-	alloc, err := pool.New(st, cfg.Host, pool.WithTimeout(time.Duration(cfg.Timeout)), pool.WithHostLock(hostlock.DefaultDir))
+	alloc, err := pool.New(st, cfg.Host, pool.WithTimeout(time.Duration(cfg.Timeout)), pool.WithHostLock(hostlock.DefaultDir), pool.WithLastSeen())
 	if err != nil {
 		return err
 	}

@@ -86,6 +86,9 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 		if err := a.commit(ctx, p); err != nil {
 			return err
 		}
+		if p.noop {
+			a.touch(ctx, snap.seenKV) // a replay commits nothing
+		}
 		a.noteAllocation(snap, p)
 		return nil
 	})
@@ -175,6 +178,7 @@ type snapshot struct {
 	newDefs    []Def
 	registryKV store.KV
 	registry   registry
+	seenKV     store.KV // the host record, when the allocator keeps last-seen
 }
 
 // poolTxn is one pool's state as read for one allocation, and its changes.
@@ -236,6 +240,7 @@ func (a *Allocator) readKeys(req Request) (keyset, []string) {
 			ks.add(defKey(w.Pool), ringKey(w.Pool), hostKey(w.Pool, a.host))
 		}
 	}
+	ks.add(a.seenKey()...)
 	return ks, pools
 }
 
@@ -255,6 +260,9 @@ func (a *Allocator) read(ctx context.Context, req Request, defs map[string]Def) 
 // of readKeys, in their order.
 func (a *Allocator) decodeSnapshot(ctx context.Context, req Request, defs map[string]Def, ks keyset, pools []string, kvs []store.KV) (*snapshot, error) {
 	s := &snapshot{ownerKV: ks.kv(kvs, ownerKey(req.Owner))}
+	if k := a.seenKey(); len(k) > 0 {
+		s.seenKV = ks.kv(kvs, k[0])
+	}
 	s.held = Allocation{Owner: req.Owner, Host: a.host, Reservation: req.Reservation}
 	if s.ownerKV.Exists() {
 		if err := decodeAllocation(s.ownerKV.Value, &s.held); err != nil {

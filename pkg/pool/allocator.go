@@ -27,6 +27,9 @@ type Allocator struct {
 	hostLk  HostLocker
 	hold    time.Duration
 	notes   NoteKeeper
+	// seen: this allocator serves the host's verbs and keeps its
+	// last-seen time fresh (WithLastSeen).
+	seen bool
 	stats   Stats
 	// layoutOK is set once a read saw this code's store layout, so later
 	// reads need not ask again (see get).
@@ -54,6 +57,12 @@ type HostLocker interface {
 // that pool, so that concurrent processes on one host queue instead of
 // conflicting in the store.
 func WithHostLock(l HostLocker) Option { return func(a *Allocator) { a.hostLk = l } }
+
+// WithLastSeen says the allocator serves its host's own verbs (the CNI
+// plugin, the Docker driver): each call that reads the host's record (see
+// LastSeenEvery) keeps the host's last-seen time fresh. Without it (ringctl,
+// the agent, tools acting on a host's behalf) nothing refreshes it.
+func WithLastSeen() Option { return func(a *Allocator) { a.seen = true } }
 
 // Option configures an Allocator.
 type Option func(*Allocator)

@@ -81,9 +81,12 @@ func mismatch(pool string, recorded []byte, d Def) error {
 func (a *Allocator) Definition(ctx context.Context, pool string) (Def, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.get(ctx, defKey(pool))
+	kvs, err := a.get(ctx, append([]string{defKey(pool)}, a.seenKey()...)...)
 	if err != nil {
 		return Def{}, err
+	}
+	if len(kvs) > 1 {
+		a.touch(ctx, kvs[1])
 	}
 	return decodeDef(pool, kvs[0])
 }

@@ -30,9 +30,10 @@ const DefaultOrphanAfter = 48 * time.Hour
 type hostRecord struct {
 	Addr string `json:"addr,omitempty"` // where other hosts forward its ingress ports
 	Seen int64  `json:"s,omitempty"`    // last heartbeat (Unix seconds)
-	// Checked is when a CHECK last found one of the host's owners (Unix
-	// seconds), written at most every touchEvery: the last-seen time of
-	// hosts whose containers only get checked, agent or not.
+	// Checked is when a verb that committed nothing last refreshed the
+	// host's last-seen time (Unix seconds), written at most every
+	// LastSeenEvery (see there): the last-seen time of hosts whose
+	// containers live long, agent or not.
 	Checked  int64 `json:"c,omitempty"`
 	Orphaned int64 `json:"o,omitempty"` // when it was orphaned; 0: never, or acknowledged
 	// Reclaimed counts the owners released when it was orphaned.
@@ -134,12 +135,17 @@ func (a *Allocator) Orphaned(ctx context.Context) (time.Time, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
 	kvs, err := a.get(ctx, hostRecordKey(a.host))
-	if err != nil || !kvs[0].Exists() {
+	if err != nil {
 		return time.Time{}, err
 	}
 	var rec hostRecord
-	if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
-		return time.Time{}, fmt.Errorf("%s: corrupt host record: %w", kvs[0].Key, err)
+	if kvs[0].Exists() {
+		if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
+			return time.Time{}, fmt.Errorf("%s: corrupt host record: %w", kvs[0].Key, err)
+		}
+	}
+	if a.seen {
+		a.touch(ctx, kvs[0]) // STATUS commits nothing
 	}
 	if rec.Orphaned == 0 {
 		return time.Time{}, nil
@@ -257,25 +263,65 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 	return out, nil
 }
 
-// touchEvery is how stale a host record's CHECK time may get before a
-// CHECK refreshes it: one extra write per host per touchEvery, far below
-// any useful orphanAfter.
-const touchEvery = time.Hour
+// LastSeenEvery is how stale a host's recorded last-seen time may get
+// before a verb of an allocator WithLastSeen refreshes it. Every verb
+// (ADD, replayed or not; DEL; CHECK; GC; STATUS; the Docker driver's
+// calls) reads the host record in the round trip it makes anyway; a verb
+// that commits refreshes the host's state in the pools it changes (the
+// host states' Seen) in that commit; a verb that commits nothing writes
+// the record (Checked) only when it is older than LastSeenEvery: one
+// conditional write per host per minute at most, none while fresh. So a
+// host's last-seen time lags its last verb by less than LastSeenEvery, and
+// a host is orphaned only after orphanAfter (>> LastSeenEvery; 48 h by
+// default) without any verb and without its agent.
+const LastSeenEvery = time.Minute
 
-// touch refreshes this host's last-seen time after a lookup found one of
-// its owners (CHECK), when the record as read (kv, from the lookup's own
-// read) is older than touchEvery. Best effort: a conflict with a heartbeat
-// or a failure only means the next CHECK tries again.
+// seenKey is the key a verb reads to keep the last-seen time (see
+// LastSeenEvery), or none when the allocator does not keep it.
+func (a *Allocator) seenKey() []string {
+	if !a.seen {
+		return nil
+	}
+	return []string{hostRecordKey(a.host)}
+}
+
+// RefreshSeen keeps this host's last-seen time fresh for a verb that reads
+// nothing else (a CNI GC without a list of attachments): one read, and one
+// conditional write when the record is older than LastSeenEvery. It does
+// nothing for an allocator without WithLastSeen.
+func (a *Allocator) RefreshSeen(ctx context.Context) error {
+	if !a.seen {
+		return nil
+	}
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	kvs, err := a.get(ctx, hostRecordKey(a.host))
+	if err != nil {
+		return err
+	}
+	a.touch(ctx, kvs[0])
+	return nil
+}
+
+// touch refreshes this host's last-seen time for a verb that commits
+// nothing, when the record as read (kv, from the verb's own read) is older
+// than LastSeenEvery. Best effort: a conflict with a heartbeat or a failure
+// only means the next verb tries again.
 func (a *Allocator) touch(ctx context.Context, kv store.KV) {
+	if kv.Key != hostRecordKey(a.host) {
+		return
+	}
 	var rec hostRecord
 	if kv.Exists() && json.Unmarshal(kv.Value, &rec) != nil {
 		return
 	}
 	now := a.now().Unix()
-	if last := max(rec.Seen, rec.Checked); now-last < int64(touchEvery/time.Second) {
+	if last := max(rec.Seen, rec.Checked); now-last < int64(LastSeenEvery/time.Second) {
 		return
 	}
 	rec.Checked = now
 	b, _ := json.Marshal(rec)
-	_ = a.st.Commit(ctx, []store.Cond{store.Unchanged(kv)}, []store.Op{store.Put(kv.Key, b)})
+	if a.st.Commit(ctx, []store.Cond{store.Unchanged(kv)}, []store.Op{store.Put(kv.Key, b)}) == nil {
+		a.stats.commits.Add(1)
+	}
 }

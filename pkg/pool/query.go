@@ -28,7 +28,10 @@ func (a *Allocator) Lookup(ctx context.Context, owner Owner) (Allocation, bool, 
 		return Allocation{}, false, err
 	}
 	alloc, ok, err := decodeOwner(owner, kvs[0])
-	if ok && err == nil && alloc.Host == a.host {
+	// CHECK commits nothing. An allocator without WithLastSeen (ringctl)
+	// still refreshes it when it finds one of its host's owners, as
+	// before WithLastSeen existed.
+	if err == nil && (a.seen || ok && alloc.Host == a.host) {
 		a.touch(ctx, kvs[1])
 	}
 	return alloc, ok, err
@@ -122,10 +125,17 @@ func holdsPool(a Allocation, pool string) bool {
 // in dangling with the record as read; no writer of this layout leaves one
 // (see Reindex).
 func (a *Allocator) hostOwners(ctx context.Context, host string, kind Kind, network string) (held, dangling []ownerRead, err error) {
+	held, dangling, _, err = a.hostOwnersAnd(ctx, host, kind, network)
+	return held, dangling, err
+}
+
+// hostOwnersAnd is hostOwners that also reads the keys also in its read of
+// the records (no extra round trip when there are records to read).
+func (a *Allocator) hostOwnersAnd(ctx context.Context, host string, kind Kind, network string, also ...string) (held, dangling []ownerRead, alsoKVs []store.KV, err error) {
 	prefix := hostOwnersPrefix(host, kind, network)
 	idx, err := a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	hostIndex := hostOwnersPrefix(host, "", "")
 	owners := make([]Owner, 0, len(idx))
@@ -133,19 +143,20 @@ func (a *Allocator) hostOwners(ctx context.Context, host string, kind Kind, netw
 	for _, kv := range idx {
 		o, ok := parseOwner(strings.TrimPrefix(kv.Key, hostIndex))
 		if !ok {
-			return nil, nil, fmt.Errorf("%s: not an index key of an owner", kv.Key)
+			return nil, nil, nil, fmt.Errorf("%s: not an index key of an owner", kv.Key)
 		}
 		owners = append(owners, o)
 		keys = append(keys, ownerKey(o))
 	}
-	recs, err := a.st.Get(ctx, keys...)
+	recs, err := a.st.Get(ctx, append(keys, also...)...)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
+	recs, alsoKVs = recs[:len(keys)], recs[len(keys):]
 	for i, kv := range recs {
 		r, ok, err := readOwner(owners[i], kv)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if !ok || !r.rec.HeldBy(host) {
 			dangling = append(dangling, ownerRead{owner: owners[i], kv: kv, index: idx[i].Key})
@@ -154,7 +165,7 @@ func (a *Allocator) hostOwners(ctx context.Context, host string, kind Kind, netw
 		r.index = idx[i].Key
 		held = append(held, r)
 	}
-	return held, dangling, nil
+	return held, dangling, alsoKVs, nil
 }
 
 // GC releases this host's allocations of front end kind on network whose
@@ -177,7 +188,7 @@ func (a *Allocator) GC(ctx context.Context, kind Kind, network string, valid []O
 	for _, o := range valid {
 		keep[o.String()] = true
 	}
-	held, dangling, err := a.hostOwners(ctx, a.host, kind, network)
+	held, dangling, seen, err := a.hostOwnersAnd(ctx, a.host, kind, network, a.seenKey()...)
 	if err != nil {
 		return nil, err
 	}
@@ -186,6 +197,9 @@ func (a *Allocator) GC(ctx context.Context, kind Kind, network string, valid []O
 		if !keep[r.owner.String()] {
 			stale = append(stale, r)
 		}
+	}
+	if len(stale) == 0 && len(dangling) == 0 && len(seen) > 0 {
+		a.touch(ctx, seen[0]) // a GC that releases nothing commits nothing
 	}
 	released, err := a.releaseOwners(ctx, stale)
 	return released, errors.Join(err, a.dropIndex(ctx, dangling))

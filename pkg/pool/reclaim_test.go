@@ -285,7 +285,7 @@ func TestRmpeerHandsFreeSpaceToTheCaller(t *testing.T) { runRmpeerHandsFreeSpace
 
 // A host without an agent whose containers are only checked (no ADD or DEL
 // for days) is not taken for gone: CHECK refreshes its last-seen time, at
-// most once an hour.
+// most once a minute (LastSeenEvery).
 func TestCheckKeepsAnAgentlessHostSeen(t *testing.T) {
 	ctx := context.Background()
 	st := memory.New()

@@ -59,6 +59,7 @@ func (a *Allocator) ReleaseWith(ctx context.Context, owner Owner, hint ReleaseHi
 	if hint.Reservation != "" {
 		ks.add(resvKey(owner.Kind, owner.Network, hint.Reservation))
 	}
+	ks.add(a.seenKey()...)
 	// The pools the hint names are locked before the read, so that the read
 	// and the commit share one hold of the store; the owner's record decides,
 	// and pools it names beyond the hint are locked once it is known.
@@ -88,6 +89,9 @@ func (a *Allocator) ReleaseWith(ctx context.Context, owner Owner, hint ReleaseHi
 	}
 	cur, ok, err := decodeOwner(owner, known[ownerKey(owner)])
 	if err != nil || !ok {
+		if err == nil {
+			a.touch(ctx, known[hostRecordKey(a.host)]) // a DEL of nothing commits nothing
+		}
 		return Allocation{}, false, err
 	}
 	pools := slices.Clone(hinted)

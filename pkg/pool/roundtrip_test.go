@@ -9,8 +9,8 @@ import (
 
 // Round trips of the CNI verbs as a fresh plugin process makes them (a new
 // Allocator per call, so the layout check rides on the first read): ADD 2,
-// DEL 2 with the configured pools as hint (3 without), CHECK 1 (2 once an
-// hour, refreshing the host's last-seen time).
+// DEL 2 with the configured pools as hint (3 without), CHECK 1 (2 once a
+// minute at most, refreshing the host's last-seen time).
 func TestRoundTripsPerVerb(t *testing.T) {
 	ctx := context.Background()
 	st := &callLog{Store: memory.New()}
@@ -28,7 +28,7 @@ func TestRoundTripsPerVerb(t *testing.T) {
 	if n := len(st.take()); n != 2 {
 		t.Errorf("ADD: %d round trips, want 2", n)
 	}
-	// The first CHECK of the hour also refreshes the host's last-seen
+	// The first CHECK of the minute also refreshes the host's last-seen
 	// time: one write.
 	if _, ok, err := proc().Lookup(ctx, own("x")); err != nil || !ok {
 		t.Fatal(ok, err)

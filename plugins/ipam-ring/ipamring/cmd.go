@@ -137,7 +137,7 @@ func OpenAllocator(ctx context.Context, c *Config) (Allocator, func() error, err
 // this host's callers on locks (for a store that cannot be held).
 func newAllocator(st store.Store, c *Config, locks pool.HostLocker) (*pool.Allocator, error) {
 	opts := []pool.Option{pool.WithTimeout(c.Timeout), pool.WithRetry(contentionRetry()),
-		pool.WithHostLock(locks), pool.WithReservationHold(c.ReservationHold)}
+		pool.WithHostLock(locks), pool.WithReservationHold(c.ReservationHold), pool.WithLastSeen()}
 	if notes, ok := locks.(pool.NoteKeeper); ok && c.Store.Type == storeconfig.TypeEtcd {
 		// The notes of one etcd cluster (and prefix): configurations
 		// naming another keep their own, rather than spoiling these.

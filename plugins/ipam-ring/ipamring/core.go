@@ -317,6 +317,12 @@ func Check(ctx context.Context, a Allocator, c *Config, at Attachment) error {
 // It returns what it released.
 func GC(ctx context.Context, a Allocator, c *Config) ([]pool.Allocation, error) {
 	if !c.HasValid {
+		// Nothing to release; still a sign of life (see pool.LastSeenEvery).
+		if s, ok := a.(interface{ RefreshSeen(context.Context) error }); ok {
+			if err := s.RefreshSeen(ctx); err != nil {
+				return nil, fmt.Errorf("garbage-collecting network %s: %w", c.Network, err)
+			}
+		}
 		return nil, nil
 	}
 	valid := make([]pool.Owner, 0, len(c.Valid))
