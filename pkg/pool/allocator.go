@@ -29,8 +29,8 @@ type Allocator struct {
 	notes   NoteKeeper
 	// seen: this allocator serves the host's verbs and keeps its
 	// last-seen time fresh (WithLastSeen).
-	seen bool
-	stats   Stats
+	seen  bool
+	stats Stats
 	// layoutOK is set once a read saw this code's store layout, so later
 	// reads need not ask again (see get).
 	layoutOK atomic.Bool
