@@ -342,9 +342,24 @@ func (a *Agent) sweep(ctx context.Context) {
 		if h.State != pool.HostOrphaned || h.Name == a.cfg.Host {
 			continue
 		}
-		n, err := a.ports.ReleaseHost(ctx, h.Name)
+		// The pool's guard: every release is conditioned on the host's
+		// liveness key being absent, so a host that comes back mid-sweep
+		// keeps every port not yet released.
+		guard, err := a.alloc.ReclaimGuard(ctx, h.Name, false)
+		if errors.Is(err, pool.ErrHostLive) {
+			continue
+		}
+		if err != nil {
+			a.storeError("release-ports", err)
+			continue
+		}
+		rel, err := a.ports.ReleaseHost(ctx, h.Name, guard)
+		if errors.Is(err, portalloc.ErrGuard) {
+			a.log.Info("an orphaned host came back while its published ports were released: it keeps the rest", "host", h.Name, "released", len(rel))
+			err = nil
+		}
 		a.storeError("release-ports", err)
-		if n > 0 {
+		if n := len(rel); n > 0 {
 			a.metrics.ports.Add(float64(n))
 			a.log.Warn("released the published ports of an orphaned host", "host", h.Name, "endpoints", n)
 		}

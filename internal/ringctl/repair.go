@@ -207,14 +207,24 @@ func (c *Ctl) reclaim(ctx context.Context, plan pool.ReclaimPlan, ports []endpoi
 		out.add(handover)
 		out.note("host %s: %d free ranges handed to %s", h.Name, rep.Handed, c.Pool.Host())
 	}
-	for _, e := range ports {
-		res, err := c.Ports.Release(ctx, e.id)
-		if err != nil {
-			return fmt.Errorf("releasing the ports of %s: %w", e.id, err)
-		}
-		if len(res.Previous) > 0 {
-			out.add(portsAction(e.id, e.rec.Host, res.Previous))
-		}
+	if len(ports) == 0 {
+		return nil
+	}
+	// The pool's guard, as for the owners: a host back meanwhile keeps
+	// every port not yet released.
+	guard, err := c.Pool.ReclaimGuard(ctx, h.Name, opt.Force)
+	if err != nil {
+		return refusal(err)
+	}
+	rel, err := c.Ports.ReleaseHost(ctx, h.Name, guard)
+	for _, r := range rel {
+		out.add(portsAction(r.ID, h.Name, r.Ports))
+	}
+	if errors.Is(err, portalloc.ErrGuard) {
+		return fmt.Errorf("%w: releasing the published ports of %s: %w", errRefused, h.Name, err)
+	}
+	if err != nil {
+		return fmt.Errorf("releasing the published ports of %s: %w", h.Name, err)
 	}
 	return nil
 }
@@ -236,37 +246,20 @@ type endpoint struct {
 	rec portalloc.Endpoint
 }
 
-// endpointsOf returns the port endpoints recorded on host, by id.
+// endpointsOf returns the port endpoints recorded on host, by id (through
+// the host's index of its endpoints).
 func (c *Ctl) endpointsOf(ctx context.Context, host string) ([]endpoint, error) {
 	if c.Ports == nil {
 		return nil, nil
 	}
-	pubs, err := c.Ports.List(ctx)
+	eps, err := c.Ports.HostEndpoints(ctx, host, "")
 	if err != nil {
 		return nil, err
 	}
-	nets := map[string]bool{}
-	for _, p := range pubs {
-		holders := []string{p.State.Ingress}
-		for _, h := range p.State.Hosts {
-			holders = append(holders, h.Endpoint)
-		}
-		for _, s := range holders {
-			if id, ok := portalloc.ParseEndpointID(s); ok {
-				nets[id.Network] = true
-			}
-		}
-	}
 	var out []endpoint
-	for n := range nets {
-		eps, err := c.Ports.Endpoints(ctx, n)
-		if err != nil {
-			return nil, err
-		}
-		for id, e := range eps {
-			if e.Host == host && len(e.Ports) > 0 {
-				out = append(out, endpoint{id, e})
-			}
+	for id, e := range eps {
+		if len(e.Ports) > 0 {
+			out = append(out, endpoint{id, e})
 		}
 	}
 	slices.SortFunc(out, func(a, b endpoint) int { return strings.Compare(a.id.String(), b.id.String()) })
@@ -316,7 +309,7 @@ func (c *Ctl) GC(ctx context.Context, dry bool) (Actions, error) {
 		return out, err
 	}
 	if len(out.Actions) == 0 {
-		out.note("nothing to collect: no orphaned host (orphanAfter %s), no ended hold, no history beyond %d events per address, every host's index of its owners exact", c.OrphanAfter, pool.HistoryKeep)
+		out.note("nothing to collect: no orphaned host (orphanAfter %s), no ended hold, no history beyond %d events per address, every host's index of its owners and of its port endpoints exact", c.OrphanAfter, pool.HistoryKeep)
 	}
 	return out, nil
 }
@@ -349,11 +342,26 @@ func (c *Ctl) reindex(ctx context.Context, dry bool, out *Actions) error {
 	} else {
 		entered, deleted, err = c.Pool.Reindex(ctx)
 	}
+	if err != nil {
+		return err
+	}
+	if entered+deleted > 0 {
+		out.add(Action{Do: "reindex", Target: "hosts' owner index",
+			Detail: fmt.Sprintf("%d owners entered in their host's index, %d index keys of owners gone deleted", entered, deleted)})
+	}
+	if c.Ports == nil {
+		return nil
+	}
+	if dry {
+		entered, deleted, err = c.Ports.PlanReindex(ctx)
+	} else {
+		entered, deleted, err = c.Ports.Reindex(ctx)
+	}
 	if err != nil || entered+deleted == 0 {
 		return err
 	}
-	out.add(Action{Do: "reindex", Target: "hosts' owner index",
-		Detail: fmt.Sprintf("%d owners entered in their host's index, %d index keys of owners gone deleted", entered, deleted)})
+	out.add(Action{Do: "reindex", Target: "hosts' port endpoint index",
+		Detail: fmt.Sprintf("%d port endpoints entered in their host's index, %d index keys of endpoints gone deleted", entered, deleted)})
 	return nil
 }
 

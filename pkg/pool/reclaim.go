@@ -71,15 +71,11 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
 	rep := ReclaimReport{Host: host}
-	live, err := a.get(ctx, LivenessKey(host))
+	// Conditions every commit carries: the liveness key as read.
+	guard, err := a.ReclaimGuard(ctx, host, opt.Force)
 	if err != nil {
 		return rep, err
 	}
-	if live[0].Exists() && !opt.Force {
-		return rep, fmt.Errorf("%w: %s has a live liveness record; stop its agent, wait for its lease to expire, or force", ErrHostLive, host)
-	}
-	// Conditions every commit carries: the liveness key as read.
-	guard := []store.Cond{store.Unchanged(live[0])}
 	defs, err := a.st.Scan(ctx, prefixDef, store.PrefixEnd(prefixDef), 0)
 	if err != nil {
 		return rep, err

@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/retry"
@@ -88,6 +89,7 @@ type Allocator struct {
 	lo, hi  uint16
 	policy  retry.Policy
 	timeout time.Duration
+	indexed atomic.Bool // p/x was seen: the hosts' index is complete
 }
 
 // Option configures an Allocator.
@@ -119,6 +121,20 @@ func New(st store.Store, host string, opts ...Option) (*Allocator, error) {
 // findings about inconsistent stored allocations. An empty spec releases
 // everything the endpoint holds and never fails on spec grounds.
 func (a *Allocator) Allocate(ctx context.Context, id EndpointID, spec []Port) (Result, error) {
+	return a.allocate(ctx, id, spec, nil)
+}
+
+// reclaimGuard makes a release part of the reclaim of a gone host: the
+// endpoint is released only while its record names host, and only while
+// every condition of conds holds (pool's guard: the host's liveness key as
+// the reclaim read it, absent). The guard's keys are read with the record,
+// checked before planning, and carried by the commit.
+type reclaimGuard struct {
+	host  string
+	conds []store.Cond
+}
+
+func (a *Allocator) allocate(ctx context.Context, id EndpointID, spec []Port, guard *reclaimGuard) (Result, error) {
 	if err := id.Validate(); err != nil {
 		return Result{}, err
 	}
@@ -136,7 +152,13 @@ func (a *Allocator) Allocate(ctx context.Context, id EndpointID, spec []Port) (R
 		return errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrUnavailable) && ctx.Err() == nil
 	}, func(int) error {
 		v := &storeView{ctx: ctx, st: a.st, kvs: map[string]store.KV{}}
-		kvs, err := a.st.Get(ctx, endpointKey(id))
+		keys := []string{endpointKey(id)}
+		if guard != nil {
+			for _, c := range guard.conds {
+				keys = append(keys, c.Key)
+			}
+		}
+		kvs, err := a.st.Get(ctx, keys...)
 		if err != nil {
 			return err
 		}
@@ -145,8 +167,19 @@ func (a *Allocator) Allocate(ctx context.Context, id EndpointID, spec []Port) (R
 		if err != nil {
 			return err
 		}
+		if guard != nil {
+			for i, c := range guard.conds {
+				if kvs[1+i].Revision != c.Revision {
+					return fmt.Errorf("%w: %s changed since the reclaim of %s began", ErrGuard, c.Key, guard.host)
+				}
+			}
+			if !epKV.Exists() || old.Host != guard.host {
+				out = Result{} // released, or taken over by another host, meanwhile
+				return nil
+			}
+		}
 		// One read for every address the plan will look at first.
-		var keys []string
+		keys = keys[:0]
 		for _, p := range append(old.Ports, spec...) {
 			if p.Number != 0 {
 				keys = append(keys, addrKey(p.addr()))
@@ -165,7 +198,17 @@ func (a *Allocator) Allocate(ctx context.Context, id EndpointID, spec []Port) (R
 			return nil
 		}
 		conds := []store.Cond{store.Unchanged(epKV)}
+		if guard != nil {
+			conds = append(conds, guard.conds...)
+		}
+		// The host's index follows the record in the same commit.
 		var ops []store.Op
+		if epKV.Exists() && old.Host != "" && (len(spec) == 0 || old.Host != a.host) {
+			ops = append(ops, store.Delete(hostIndexKey(old.Host, id)))
+		}
+		if len(spec) > 0 {
+			ops = append(ops, store.Put(hostIndexKey(a.host, id), []byte{}))
+		}
 		for addr, st := range res.Changes {
 			key := addrKey(addr)
 			kv, ok := v.kvs[key]
@@ -426,37 +469,6 @@ func (a *Allocator) Endpoints(ctx context.Context, network string) (map[Endpoint
 		out[id] = e
 	}
 	return out, errors.Join(errs...)
-}
-
-// ReleaseHost releases the ports of every endpoint recorded on host (a host
-// that is gone: see pool.Reclaim), each in its own transaction, and returns
-// how many endpoints this call released. Safe to run from several processes
-// at once: an endpoint released meanwhile is skipped.
-func (a *Allocator) ReleaseHost(ctx context.Context, host string) (int, error) {
-	kvs, err := a.st.Scan(ctx, prefixEndpoint, store.PrefixEnd(prefixEndpoint), 0)
-	if err != nil {
-		return 0, err
-	}
-	released := 0
-	var errs []error
-	for _, kv := range kvs {
-		id, ok := endpointOfKey(kv.Key)
-		if !ok {
-			continue
-		}
-		if e, err := decodeEndpoint(id, kv); err != nil || e.Host != host {
-			continue
-		}
-		res, err := a.Release(ctx, id)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		if len(res.Changes) > 0 {
-			released++
-		}
-	}
-	return released, errors.Join(errs...)
 }
 
 // Verify reads endpoint id's record and checks it against the addresses it

@@ -171,9 +171,9 @@ func TestReleaseHost(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n, err := live.ReleaseHost(ctx, "gone")
-	if err != nil || n != 1 {
-		t.Fatalf("ReleaseHost: %d %v", n, err)
+	rel, err := live.ReleaseHost(ctx, "gone", nil)
+	if err != nil || len(rel) != 1 || rel[0].ID != ep("e0") || len(rel[0].Ports) != 2 {
+		t.Fatalf("ReleaseHost: %+v %v", rel, err)
 	}
 	if _, err := live.Allocate(ctx, ep("new"), []Port{{Mode: Ingress, Protocol: "tcp", Number: 8000}}); err != nil {
 		t.Fatalf("8000 after its host was released: %v", err)
@@ -181,8 +181,8 @@ func TestReleaseHost(t *testing.T) {
 	if _, ok, _ := live.Lookup(ctx, ep("e1")); !ok {
 		t.Fatal("the live host's endpoint was released")
 	}
-	if n, err := live.ReleaseHost(ctx, "gone"); err != nil || n != 0 {
-		t.Fatalf("second ReleaseHost: %d %v", n, err)
+	if rel, err := live.ReleaseHost(ctx, "gone", nil); err != nil || len(rel) != 0 {
+		t.Fatalf("second ReleaseHost: %+v %v", rel, err)
 	}
 }
 

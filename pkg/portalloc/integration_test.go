@@ -3,6 +3,7 @@
 package portalloc
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -47,4 +48,20 @@ func TestAllocatorEtcd(t *testing.T) {
 			})
 		}
 	}
+}
+
+// On a real etcd: the host comes back (its liveness key is written) between
+// the sweep's reads and its release commit; nothing more of it is released.
+func TestHostReturnsMidSweepEtcd(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	n := 0
+	runHostReturnsMidSweep(t, func(t *testing.T) store.Store {
+		n++
+		st, err := etcd.New(etcd.Config{Endpoints: srv.Endpoints(), Prefix: fmt.Sprintf("/returning-%d/", n), DialTimeout: 5 * time.Second, RequestTimeout: 30 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { st.Close() })
+		return st
+	})
 }

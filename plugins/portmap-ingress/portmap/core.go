@@ -17,7 +17,7 @@ type Ports interface {
 	Allocate(ctx context.Context, id portalloc.EndpointID, spec []portalloc.Port) (portalloc.Result, error)
 	Release(ctx context.Context, id portalloc.EndpointID) (portalloc.Result, error)
 	Verify(ctx context.Context, id portalloc.EndpointID) (portalloc.Endpoint, bool, []string, error)
-	Endpoints(ctx context.Context, network string) (map[portalloc.EndpointID]portalloc.Endpoint, error)
+	HostEndpoints(ctx context.Context, host, network string) (map[portalloc.EndpointID]portalloc.Endpoint, error)
 }
 
 // Published is what an ADD set up.
@@ -203,8 +203,10 @@ func GC(ctx context.Context, p Ports, dp Dataplane, c *Config) ([]string, error)
 			}
 		}
 	}
-	// A corrupt record is reported, the readable ones still collected.
-	eps, err := p.Endpoints(ctx, c.Network)
+	// This host's endpoints of the network, through its index (what other
+	// hosts publish is not read). A corrupt record is reported, the
+	// readable ones still collected.
+	eps, err := p.HostEndpoints(ctx, c.Host, c.Network)
 	errs = append(errs, err)
 	for id, e := range eps {
 		m := Mark(id)
