@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -23,6 +24,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/store/relay"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 	"github.com/ringipam/ringipam/plugins/ipam-ring/ipamring"
+	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 // ParseLevel maps a log level name to slog's level.
@@ -54,6 +56,8 @@ type options struct {
 	forwarder forwarder
 	listener  net.Listener
 	store     store.Store
+	portmap   portmap.Dataplane
+	locks     hostlock.Dir
 }
 
 // WithClock makes the agent (and its sweeps) judge time by now.
@@ -75,6 +79,12 @@ func withStore(st store.Store) Option { return func(o *options) { o.store = st }
 // withForwarder replaces the nftables forwarder (unit tests).
 func withForwarder(f forwarder) Option { return func(o *options) { o.forwarder = f } }
 
+// withPortmap replaces portmap-ingress's data path and the directory of its
+// attachments' locks (unit tests).
+func withPortmap(dp portmap.Dataplane, locks hostlock.Dir) Option {
+	return func(o *options) { o.portmap, o.locks = dp, locks }
+}
+
 // Agent is one host's agent. Make it with New, run it with Run.
 type Agent struct {
 	cfg     Config
@@ -86,6 +96,8 @@ type Agent struct {
 	alloc   *pool.Allocator
 	ports   *portalloc.Allocator
 	fwd     forwarder
+	pm      portmap.Dataplane // portmap-ingress's table, reconciled; nil: off
+	locks   hostlock.Dir      // where portmap-ingress's attachments' locks live
 	metrics *metrics
 	httpL   net.Listener
 
@@ -110,7 +122,10 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 	if o.now == nil {
 		o.now = time.Now
 	}
-	a := &Agent{cfg: cfg, log: log, now: o.now, fwd: o.forwarder, httpL: o.listener, kick: make(chan struct{}, 1)}
+	a := &Agent{cfg: cfg, log: log, now: o.now, fwd: o.forwarder, pm: o.portmap, locks: o.locks, httpL: o.listener, kick: make(chan struct{}, 1)}
+	if a.locks == "" {
+		a.locks = hostlock.DefaultDir
+	}
 	var err error
 	switch {
 	case o.store != nil:
@@ -148,6 +163,19 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 			return nil, fmt.Errorf("ingress forwarding (turn it off with --ingress=false): %w", err)
 		}
 		a.fwd = f
+	}
+	if a.pm == nil && cfg.PortmapTable != "off" {
+		dp, err := portmap.NewDataplane(cfg.PortmapDataplane, cfg.PortmapTable)
+		switch {
+		case errors.Is(err, portmap.ErrNoDataplane):
+			// No packet filter tool: portmap-ingress cannot have
+			// installed a forward here either.
+		case err != nil:
+			a.st.Close()
+			return nil, fmt.Errorf("portmap-ingress's table (leave it alone with --portmap-table=off): %w", err)
+		default:
+			a.pm = dp
+		}
 	}
 	a.metrics = newMetrics(a.snapshot.Load)
 	return a, nil
@@ -209,7 +237,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Sweep {
 		loop(func(ctx context.Context) { a.every(ctx, pool.CompactHistoryEvery, a.compactHistory) })
 	}
-	if a.cfg.Ingress {
+	if a.cfg.Ingress || a.pm != nil {
 		loop(a.ingressLoop)
 	}
 	loop(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.StatusRefresh), a.refreshSnapshot) })
@@ -413,29 +441,25 @@ func (a *Agent) hostsFor(ctx context.Context, names []string, maxAge time.Durati
 // hostsMaxAge is how stale the host list may be for forwarding decisions.
 const hostsMaxAge = 15 * time.Second
 
-// ingressLoop keeps the forwards equal to the store's ingress ports: on
-// every sync interval, and at once when a watch sees ports change. The
-// table is rewritten only when the forwards changed, and at least every
-// resyncEvery, to repair what someone changed by hand.
+// resyncEvery is how often a table is read or rewritten although the store
+// says nothing changed, to repair what someone changed by hand.
+const resyncEvery = 30 * time.Second
+
+// ingressLoop keeps the forwards equal to the store, when the agent starts,
+// on every sync interval, and at once when a watch sees ports change: the
+// agent's table forwards the ingress ports held on other hosts (rewritten
+// only when the forwards changed, and at least every resyncEvery), and
+// portmap-ingress's table loses the forwards of endpoints this host no
+// longer holds (reconcilePortmap).
 func (a *Agent) ingressLoop(ctx context.Context) {
-	const resyncEvery = 30 * time.Second
-	var last []Forward
-	var synced time.Time
+	var ing ingressState
+	var pm portmapState
 	for {
-		fs, ok := a.desired(ctx)
-		if ok && (!slices.Equal(fs, last) || synced.IsZero() || a.now().Sub(synced) >= resyncEvery) {
-			sctx, cancel := a.op(ctx)
-			err := a.fwd.Sync(sctx, fs)
-			cancel()
-			if err != nil {
-				a.metrics.syncErrs.Inc()
-				a.log.Warn("installing ingress forwards failed", "err", err)
-			} else {
-				if !slices.Equal(fs, last) {
-					a.log.Info("ingress forwards", "count", len(fs))
-				}
-				last, synced = fs, a.now()
-			}
+		if a.pm != nil {
+			a.reconcilePortmap(ctx, &pm)
+		}
+		if a.cfg.Ingress {
+			a.syncIngress(ctx, &ing)
 		}
 		t := time.NewTimer(time.Duration(a.cfg.SyncInterval))
 		select {
@@ -447,6 +471,33 @@ func (a *Agent) ingressLoop(ctx context.Context) {
 		}
 		t.Stop()
 	}
+}
+
+// ingressState is what the ingress loop remembers of its last sync.
+type ingressState struct {
+	last   []Forward
+	synced time.Time
+}
+
+// syncIngress rewrites the agent's table when the forwards changed, and at
+// least every resyncEvery.
+func (a *Agent) syncIngress(ctx context.Context, s *ingressState) {
+	fs, ok := a.desired(ctx)
+	if !ok || slices.Equal(fs, s.last) && !s.synced.IsZero() && a.now().Sub(s.synced) < resyncEvery {
+		return
+	}
+	sctx, cancel := a.op(ctx)
+	err := a.fwd.Sync(sctx, fs)
+	cancel()
+	if err != nil {
+		a.metrics.syncErrs.Inc()
+		a.log.Warn("installing ingress forwards failed", "err", err)
+		return
+	}
+	if !slices.Equal(fs, s.last) {
+		a.log.Info("ingress forwards", "count", len(fs))
+	}
+	s.last, s.synced = fs, a.now()
 }
 
 // desired reads the ports and hosts and computes the forwards.
@@ -479,7 +530,7 @@ func (a *Agent) desired(ctx context.Context) ([]Forward, bool) {
 // watch kicks the ingress loop when published ports change (etcd only;
 // the poll covers the rest).
 func (a *Agent) watch(ctx context.Context) {
-	if !a.cfg.Ingress {
+	if !a.cfg.Ingress && a.pm == nil {
 		return
 	}
 	for ctx.Err() == nil {

@@ -146,6 +146,7 @@ func newTestAgent(t *testing.T, st store.Store, host string, fwd forwarder, opts
 	cfg.SweepInterval = 20 * 1e6
 	cfg.StatusRefresh = 20 * 1e6
 	cfg.Ingress = fwd != nil
+	cfg.PortmapTable = "off" // never the machine's own table; withPortmap for a fake
 	opts = append(opts, withStore(st))
 	if fwd != nil {
 		opts = append(opts, withForwarder(fwd))

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
+	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 // EnvPrefix starts the environment variable of every flag:
@@ -59,7 +60,13 @@ type Config struct {
 	Sweep        bool                 `json:"sweep"`
 	Ingress      bool                 `json:"ingress"`
 	IngressTable string               `json:"ingressTable"`
-	SyncInterval storeconfig.Duration `json:"syncInterval"`
+	// PortmapTable is portmap-ingress's table on this host (its "table"):
+	// the agent removes from it the forwards of endpoints this host no
+	// longer holds in the store. "off": the agent leaves it alone.
+	PortmapTable string `json:"portmapTable"`
+	// PortmapDataplane is portmap-ingress's "dataplane" on this host.
+	PortmapDataplane string               `json:"portmapDataplane"`
+	SyncInterval     storeconfig.Duration `json:"syncInterval"`
 	// StatusRefresh is how often the status page and pool metrics are
 	// read from the store.
 	StatusRefresh storeconfig.Duration `json:"statusRefresh"`
@@ -71,19 +78,21 @@ type Config struct {
 // DefaultConfig is the configuration with nothing set.
 func DefaultConfig() Config {
 	return Config{
-		Store:         storeconfig.Config{Type: storeconfig.TypeLocal},
-		Listen:        DefaultListen,
-		LeaseTTL:      storeconfig.Duration(DefaultLeaseTTL),
-		Heartbeat:     storeconfig.Duration(DefaultHeartbeat),
-		SweepInterval: storeconfig.Duration(DefaultSweepInterval),
-		OrphanAfter:   storeconfig.Duration(pool.DefaultOrphanAfter),
-		Sweep:         true,
-		Ingress:       true,
-		IngressTable:  DefaultIngressTable,
-		SyncInterval:  storeconfig.Duration(DefaultSyncInterval),
-		StatusRefresh: storeconfig.Duration(DefaultStatusRefresh),
-		Timeout:       storeconfig.Duration(DefaultTimeout),
-		LogLevel:      "info",
+		Store:            storeconfig.Config{Type: storeconfig.TypeLocal},
+		Listen:           DefaultListen,
+		LeaseTTL:         storeconfig.Duration(DefaultLeaseTTL),
+		Heartbeat:        storeconfig.Duration(DefaultHeartbeat),
+		SweepInterval:    storeconfig.Duration(DefaultSweepInterval),
+		OrphanAfter:      storeconfig.Duration(pool.DefaultOrphanAfter),
+		Sweep:            true,
+		Ingress:          true,
+		IngressTable:     DefaultIngressTable,
+		PortmapTable:     portmap.DefaultTable,
+		PortmapDataplane: portmap.DataplaneAuto,
+		SyncInterval:     storeconfig.Duration(DefaultSyncInterval),
+		StatusRefresh:    storeconfig.Duration(DefaultStatusRefresh),
+		Timeout:          storeconfig.Duration(DefaultTimeout),
+		LogLevel:         "info",
 	}
 }
 
@@ -127,6 +136,8 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.BoolVar(&cfg.Sweep, "sweep", cfg.Sweep, "reclaim orphaned hosts from this agent")
 	fs.BoolVar(&cfg.Ingress, "ingress", cfg.Ingress, "forward ingress ports published on other hosts (nftables)")
 	fs.StringVar(&cfg.IngressTable, "ingress-table", cfg.IngressTable, "nftables table (inet family) of the ingress forwards")
+	fs.StringVar(&cfg.PortmapTable, "portmap-table", cfg.PortmapTable, `portmap-ingress's table on this host: forwards of endpoints this host no longer holds are removed from it ("off": left alone)`)
+	fs.StringVar(&cfg.PortmapDataplane, "portmap-dataplane", cfg.PortmapDataplane, "portmap-ingress's dataplane on this host: auto, nftables or iptables")
 	fs.Var(storeconfig.DurationValue(&cfg.SyncInterval), "sync-interval", "how often the ingress forwards are compared with the store")
 	fs.Var(storeconfig.DurationValue(&cfg.StatusRefresh), "status-refresh", "how often pool usage is read for the status page and metrics")
 	fs.Var(storeconfig.DurationValue(&cfg.Timeout), "timeout", "deadline of one store operation of the agent")
@@ -183,6 +194,14 @@ func (c *Config) complete() error {
 	}
 	if c.IngressTable == "" || strings.ContainsAny(c.IngressTable, " \t\n/;") {
 		return fmt.Errorf("%w: ingress-table %q is not a table name", ErrConfig, c.IngressTable)
+	}
+	if c.PortmapTable == "" || strings.ContainsAny(c.PortmapTable, " \t\n/;") {
+		return fmt.Errorf("%w: portmap-table %q is not a table name (\"off\": none)", ErrConfig, c.PortmapTable)
+	}
+	switch c.PortmapDataplane {
+	case portmap.DataplaneAuto, portmap.DataplaneNFTables, portmap.DataplaneIPTables:
+	default:
+		return fmt.Errorf("%w: portmap-dataplane %q is not auto, nftables or iptables", ErrConfig, c.PortmapDataplane)
 	}
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)

@@ -9,14 +9,17 @@ import (
 // Gauges of pools and hosts come from the latest snapshot at scrape time
 // (a scrape never reads the store); counters count what this agent did.
 type metrics struct {
-	registry   *prometheus.Registry
-	reclaims   prometheus.Counter
-	released   prometheus.Counter
-	ports      prometheus.Counter
-	storeErrs  *prometheus.CounterVec
-	syncErrs   prometheus.Counter
-	relayed    *prometheus.CounterVec
-	snapshotFn func() *Snapshot
+	registry  *prometheus.Registry
+	reclaims  prometheus.Counter
+	released  prometheus.Counter
+	ports     prometheus.Counter
+	storeErrs *prometheus.CounterVec
+	syncErrs  prometheus.Counter
+	// stalePortmap counts attachments whose forwards the agent removed
+	// from portmap-ingress's table (this host no longer held them).
+	stalePortmap prometheus.Counter
+	relayed      *prometheus.CounterVec
+	snapshotFn   func() *Snapshot
 }
 
 var (
@@ -43,11 +46,13 @@ func newMetrics(snapshot func() *Snapshot) *metrics {
 			Help: "Failed store operations of the agent, by operation."}, []string{"op"}),
 		syncErrs: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_ingress_sync_errors_total",
 			Help: "Ingress forward syncs that failed to reach the packet filter."}),
+		stalePortmap: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_portmap_stale_removed_total",
+			Help: "Attachments whose forwards this agent removed from portmap-ingress's table because the store no longer records them on this host."}),
 		relayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_relayed_calls_total",
 			Help: "Store calls of plugins, the Docker driver and ringctl served on the agent's store socket, by operation and result (ok, conflict, error)."}, []string{"op", "result"}),
 		snapshotFn: snapshot,
 	}
-	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.relayed, m,
+	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.relayed, m,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

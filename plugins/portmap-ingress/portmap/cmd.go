@@ -71,8 +71,19 @@ func (e Edge) lockDir() hostlock.Dir {
 // attachmentLockPrefix begins the name of every attachment's lock.
 const attachmentLockPrefix = "portmap-"
 
-func attachmentLock(id portalloc.EndpointID) string {
-	return attachmentLockPrefix + shortHash(id.String(), 32)
+func attachmentLock(id portalloc.EndpointID) string { return MarkLock(Mark(id)) }
+
+// MarkLock is the name of the lock (in hostlock.DefaultDir) that the ADD
+// and the DEL of the attachment marked mark hold while they change its
+// allocation and its forwards: the host agent takes it before it removes
+// forwards it found stale, so it never removes those of an ADD under way.
+func MarkLock(mark string) string {
+	if rest, ok := strings.CutPrefix(mark, portalloc.Kind+"/#"); ok {
+		if _, h, ok := strings.Cut(rest, "/"); ok {
+			return attachmentLockPrefix + h // Mark's hash of the holder name
+		}
+	}
+	return attachmentLockPrefix + shortHash(mark, 32)
 }
 
 // locked runs fn holding attachment id's lock (lockAttachment). With

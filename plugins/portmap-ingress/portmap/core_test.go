@@ -368,6 +368,13 @@ func TestMarks(t *testing.T) {
 	if m := Mark(odd); !strings.HasPrefix(m, "port/#") || !markOfNetwork(m, "web") {
 		t.Fatalf("mark of an odd name %q", m)
 	}
+	// The lock named from a mark (the agent's) is the attachment's own
+	// (ADD's and DEL's), plain or hashed.
+	for _, x := range []portalloc.EndpointID{id, long, odd} {
+		if got, want := MarkLock(Mark(x)), attachmentLockPrefix+shortHash(x.String(), 32); got != want {
+			t.Errorf("MarkLock of %s's mark %q is %q, ADD and DEL lock %q", x, Mark(x), got, want)
+		}
+	}
 }
 
 // slowDataplane's Add outlives the invocation's deadline and then fails the
