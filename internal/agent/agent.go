@@ -164,7 +164,7 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 		}
 		a.fwd = f
 	}
-	if a.pm == nil && cfg.PortmapTable != "off" {
+	if cfg.Ingress && a.pm == nil && cfg.PortmapTable != "off" {
 		dp, err := portmap.NewDataplane(cfg.PortmapDataplane, cfg.PortmapTable)
 		switch {
 		case errors.Is(err, portmap.ErrNoDataplane):

@@ -61,8 +61,9 @@ type Config struct {
 	Ingress      bool                 `json:"ingress"`
 	IngressTable string               `json:"ingressTable"`
 	// PortmapTable is portmap-ingress's table on this host (its "table"):
-	// the agent removes from it the forwards of endpoints this host no
-	// longer holds in the store. "off": the agent leaves it alone.
+	// with Ingress, the agent removes from it the forwards of endpoints
+	// this host no longer holds in the store. "off": the agent leaves it
+	// alone.
 	PortmapTable string `json:"portmapTable"`
 	// PortmapDataplane is portmap-ingress's "dataplane" on this host.
 	PortmapDataplane string               `json:"portmapDataplane"`
@@ -136,7 +137,7 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.BoolVar(&cfg.Sweep, "sweep", cfg.Sweep, "reclaim orphaned hosts from this agent")
 	fs.BoolVar(&cfg.Ingress, "ingress", cfg.Ingress, "forward ingress ports published on other hosts (nftables)")
 	fs.StringVar(&cfg.IngressTable, "ingress-table", cfg.IngressTable, "nftables table (inet family) of the ingress forwards")
-	fs.StringVar(&cfg.PortmapTable, "portmap-table", cfg.PortmapTable, `portmap-ingress's table on this host: forwards of endpoints this host no longer holds are removed from it ("off": left alone)`)
+	fs.StringVar(&cfg.PortmapTable, "portmap-table", cfg.PortmapTable, `portmap-ingress's table on this host: with --ingress, forwards of endpoints this host no longer holds in the store are removed from it ("off": left alone)`)
 	fs.StringVar(&cfg.PortmapDataplane, "portmap-dataplane", cfg.PortmapDataplane, "portmap-ingress's dataplane on this host: auto, nftables or iptables")
 	fs.Var(storeconfig.DurationValue(&cfg.SyncInterval), "sync-interval", "how often the ingress forwards are compared with the store")
 	fs.Var(storeconfig.DurationValue(&cfg.StatusRefresh), "status-refresh", "how often pool usage is read for the status page and metrics")

@@ -15,16 +15,24 @@
 //     ringipam_host_orphaned, until an operator acknowledges it.
 //   - Reclaim: every SweepInterval it runs pool.Allocator.Sweep (orphaned
 //     hosts' ranges tombstoned, their owners released) and releases the
-//     published ports of orphaned hosts. Agents sweep concurrently without
-//     an election: every reclaiming commit is conditioned on what it read
-//     and on the host's liveness key being absent, so each owner is
-//     released exactly once and nothing of a live host is touched.
+//     published ports of orphaned hosts (portalloc.ReleaseHost, through the
+//     host's index, under pool's ReclaimGuard). Agents sweep concurrently
+//     without an election: every reclaiming commit, of addresses and of
+//     ports, is conditioned on what it read and on the host's liveness key
+//     being absent, so each owner is released exactly once and nothing of
+//     a live host is touched.
 //   - Ingress: for every ingress port held on another (not orphaned) host,
 //     the agent's own nftables table DNATs packets to a local address on
 //     that port to the holder's recorded address, and masquerades them so
 //     replies return through this host. The table is rewritten whole when
 //     the ports change (an etcd watch, or the SyncInterval poll), and
 //     removed when the agent stops.
+//   - Own forwards: with Ingress, on start and on every sync it compares
+//     portmap-ingress's table on this host (PortmapTable) with the
+//     endpoints the store records on this host, and removes the forwards
+//     of every attachment it does not hold (reclaimed while the host was
+//     away, or released elsewhere), each under the attachment's lock with
+//     the store read again there, so an ADD under way is never undone.
 //   - HTTP (Listen, loopback by default): / is the status page (an SVG ring
 //     per pool: ranges coloured by host, fill level, tombstones; one band
 //     per host), /status.json the same data, /metrics Prometheus metrics,

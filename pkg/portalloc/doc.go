@@ -39,6 +39,25 @@
 //
 //	p/a/<protocol>/<port, 5 digits>   who holds the address: the ingress endpoint and its host, host-mode users (host, host IP, endpoint)
 //	p/e/<network>/<container>/<if>     an endpoint: kind "port", host, spec, ports
+//	p/i/<host>/<network>/<container>/<if>  empty: the host's index of its endpoints, present exactly while the record exists and names that host
+//	p/x                                the index is complete (written once by its first reader)
+//
+// Every commit that writes or deletes an endpoint record writes or deletes
+// its index key, so HostEndpoints (portmap-ingress's GC, the host agent)
+// and ReleaseHost read one host's endpoints only. A store written before
+// the index existed gains it on first use (the first reader of the index
+// enters every record, then writes p/x); Reindex repairs what an older
+// writer adds later (ringctl gc).
+//
+// # Reclaiming a gone host
+//
+// ReleaseHost(host, guard) releases every endpoint of a gone host, one
+// commit each, each carrying guard: pool's reclaim guard (the host's
+// liveness key as read, absent). Every attempt reads the guard's keys with
+// the endpoint's record, so once the host is back ReleaseHost stops with
+// ErrGuard and the host keeps every port not yet released; an endpoint no
+// longer recorded on host is skipped. Several processes may run it at
+// once: each endpoint is released by exactly one.
 //
 // Every rule of an address is decided on its one key, so two commits that
 // would break a rule always conflict. An Allocate reads the endpoint record
