@@ -100,9 +100,9 @@ func TestAgentRemovesForwardsOfEndpointsTheHostNoLongerHolds(t *testing.T) {
 	if _, err := pa.Release(context.Background(), ep("web-1")); err != nil {
 		t.Fatal(err)
 	}
-	if !eventually(20*time.Second, forwarded("web-2", "web-3")) {
+	if !eventually(60*time.Second, forwarded("web-2", "web-3")) {
 		out, _ := table()
-		t.Errorf("sync: the forward of web-1, released in the store, is still installed 20s later:\n%s", out)
+		t.Errorf("sync: the forward of web-1, released in the store, is still installed 60s later:\n%s", out)
 	}
 
 	// Start: the host goes away, is orphaned, and another host's agent
@@ -131,9 +131,9 @@ func TestAgentRemovesForwardsOfEndpointsTheHostNoLongerHolds(t *testing.T) {
 		t.Fatalf("the host's table changed while its agent was away:\n%s", out)
 	}
 	startBinary(t, h, agentArgs...)
-	if !eventually(20*time.Second, forwards(nil, []string{"web-2", "web-3"})) {
+	if !eventually(60*time.Second, forwards(nil, []string{"web-2", "web-3"})) {
 		out, _ := table()
-		t.Errorf("start: the forwards of web-2 and web-3, reclaimed while the host was away, are still installed 20s after its agent started:\n%s", out)
+		t.Errorf("start: the forwards of web-2 and web-3, reclaimed while the host was away, are still installed 60s after its agent started:\n%s", out)
 	}
 }
 
