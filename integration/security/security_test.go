@@ -3,7 +3,10 @@
 // Package security checks, through the real binaries, what an attacker or a
 // runaway caller on the node could try: store files and the driver socket
 // open to other users, a huge stdin, container IDs that look like paths or
-// carry control characters, and credentials leaking into output (issue 14).
+// carry control characters, and credentials leaking into output (issue 14);
+// the host agent's store socket against other users and hostile clients,
+// and every part of an owner's name at every front end (issue 32).
+// README.md lists each attack tried.
 package security
 
 import (
@@ -26,12 +29,16 @@ import (
 	"github.com/ringipam/ringipam/pkg/store/local"
 )
 
-var driverBin string
+var driverBin, agentBin string
 
 func TestMain(m *testing.M) {
 	os.Exit(cnitest.Main(m, func(ctx context.Context, dir string) error {
 		driverBin = filepath.Join(dir, "ringipam-docker")
-		return cnitest.Build(ctx, driverBin, "./docker-driver")
+		if err := cnitest.Build(ctx, driverBin, "./docker-driver"); err != nil {
+			return err
+		}
+		agentBin = filepath.Join(dir, "ringipamd")
+		return cnitest.Build(ctx, agentBin, "./cmd/ringipamd")
 	}))
 }
 

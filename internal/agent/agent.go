@@ -275,6 +275,8 @@ func (a *Agent) Run(ctx context.Context) error {
 			}
 			a.metrics.relayed.WithLabelValues(op, result).Inc()
 		}
+		// Root only (PeerUID 0); the server logs each refusal.
+		srv.OnRefused = func(reason string, _ error) { a.metrics.socketRefused.WithLabelValues(reason).Inc() }
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -19,7 +19,10 @@ type metrics struct {
 	// from portmap-ingress's table (this host no longer held them).
 	stalePortmap prometheus.Counter
 	relayed      *prometheus.CounterVec
-	snapshotFn   func() *Snapshot
+	// socketRefused counts connections to the store socket closed
+	// unserved, by reason (peer, too-large, malformed).
+	socketRefused *prometheus.CounterVec
+	snapshotFn    func() *Snapshot
 }
 
 var (
@@ -50,9 +53,14 @@ func newMetrics(snapshot func() *Snapshot) *metrics {
 			Help: "Attachments whose forwards this agent removed from portmap-ingress's table because the store no longer records them on this host."}),
 		relayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_relayed_calls_total",
 			Help: "Store calls of plugins, the Docker driver and ringctl served on the agent's store socket, by operation and result (ok, conflict, error)."}, []string{"op", "result"}),
+		socketRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_store_socket_refused_total",
+			Help: "Connections to the agent's store socket closed without being served, by reason: peer (a process not running as root), too-large (a request line over the limit), malformed (an undecodable request)."}, []string{"reason"}),
 		snapshotFn: snapshot,
 	}
-	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.relayed, m,
+	for _, reason := range []string{"peer", "too-large", "malformed"} {
+		m.socketRefused.WithLabelValues(reason) // shown from 0
+	}
+	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.relayed, m.socketRefused, m,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -285,6 +285,10 @@ func (c *Client) exchange(ctx context.Context, req *request) (kvs []store.KV, ca
 	if err != nil {
 		return nil, err, nil
 	}
+	if len(b) > MaxRequest {
+		// The agent would close the connection unserved.
+		return nil, fmt.Errorf("%w: a request of %d bytes is over the agent's limit of %d", store.ErrTooLarge, len(b), MaxRequest), nil
+	}
 	b = append(b, '\n')
 	if _, err := conn.Write(b); err != nil {
 		conn.Close()

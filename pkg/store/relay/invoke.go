@@ -94,7 +94,8 @@ var ErrNoOutcome = errors.New("the host agent did not answer the call")
 // the agent's write directly.
 func Invoke(socket string, timeout time.Duration, inv *Invocation) (out Outcome, served bool, err error) {
 	req, err := json.Marshal(&request{Op: "invoke", TimeoutMS: timeout.Milliseconds(), Invocation: inv})
-	if err != nil {
+	if err != nil || len(req) > MaxRequest {
+		// Over the agent's limit: it would close the connection unserved.
 		return Outcome{}, false, nil
 	}
 	conn, err := dialBlocking(socket, dialTimeout)

@@ -12,14 +12,23 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ringipam/ringipam/internal/peercred"
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
 // Limits of the server.
 const (
-	// maxLine bounds one request or answer line.
+	// maxLine bounds one answer line (the agent's answers: a scan's page).
 	maxLine = 64 << 20
-	// idleTimeout closes a connection that sends nothing this long.
+	// MaxRequest bounds one request line the server reads: a whole
+	// invocation (its stdin at most cnimain.MaxStdin, 4 MiB, base64 in the
+	// JSON) or a store call (etcd takes at most 1.5 MiB per request) fits
+	// with room to spare. A longer line closes the connection after
+	// MaxRequest+1 bytes were read; a client refuses to send one
+	// (store.ErrTooLarge) rather than lose its connection.
+	MaxRequest = 8 << 20
+	// idleTimeout closes a connection that does not send a whole request
+	// line within it (a client that stalls half-way included).
 	idleTimeout = time.Minute
 	// defaultCallTimeout bounds a call that came without a deadline.
 	defaultCallTimeout = 30 * time.Second
@@ -62,6 +71,24 @@ type Server struct {
 	// Invoker, if set before Serve, runs the whole plugin invocations
 	// sent to the socket; without it every invocation is refused.
 	Invoker Invoker
+	// PeerUID is the only uid whose processes the server answers: every
+	// accepted connection's peer credentials (SO_PEERCRED) are checked,
+	// and a connection of another uid is closed unread (package
+	// peercred). The zero value answers root only.
+	PeerUID uint32
+	// OnRefused, if set before Serve, is told of every connection the
+	// server closed without serving: reason "peer" (another uid), "too-large"
+	// (a request line over MaxRequest) or "malformed" (an undecodable
+	// request). It must be quick and safe for concurrent use.
+	OnRefused func(reason string, err error)
+}
+
+// refused reports a connection closed unserved.
+func (s *Server) refused(reason string, err error) {
+	s.log("relay: connection refused", "reason", reason, "err", err)
+	if s.OnRefused != nil {
+		s.OnRefused(reason, err)
+	}
 }
 
 // NewServer returns a server of backend, which serves the cluster id.
@@ -73,9 +100,15 @@ func NewServer(backend store.Store, id Identity, logf func(msg string, args ...a
 	return &Server{backend: backend, id: id, log: logf}
 }
 
-// Serve accepts connections on l until ctx ends, then closes l and every
-// connection and returns once their calls have ended.
+// Serve accepts connections on l (a unix listener: peers are checked
+// by their credentials, see PeerUID) until ctx ends, then closes l and
+// every connection and returns once their calls have ended. Each
+// connection is served on its own goroutine: a client that stalls or
+// misbehaves holds up nobody else.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	l = peercred.NewListener(l, peercred.Options{UID: s.PeerUID, OnRefuse: func(_ peercred.Cred, err error) {
+		s.refused("peer", err)
+	}})
 	var (
 		wg    sync.WaitGroup
 		mu    sync.Mutex
@@ -129,14 +162,18 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	greeted := false
 	for {
 		_ = c.SetReadDeadline(time.Now().Add(idleTimeout))
-		line, err := readLine(r)
+		line, err := readLineMax(r, MaxRequest)
+		if errors.Is(err, errTooLong) {
+			s.refused("too-large", err)
+			return
+		}
 		if err != nil {
-			return // the client went away, or sent nothing for too long
+			return // the client went away, or sent no whole line in time
 		}
 		var req request
 		var ans answer
 		if err := json.Unmarshal(line, &req); err != nil {
-			s.log("relay: undecodable request", "err", err)
+			s.refused("malformed", fmt.Errorf("undecodable request: %w", err))
 			return
 		}
 		if req.Op == "invoke" && !greeted {
@@ -230,14 +267,21 @@ func writeAnswer(c net.Conn, w *bufio.Writer, a *answer) bool {
 	return w.Flush() == nil
 }
 
+// errTooLong is returned by readLineMax for a line over its limit.
+var errTooLong = errors.New("line too long")
+
 // readLine reads one line of at most maxLine bytes, without its newline.
-func readLine(r *bufio.Reader) ([]byte, error) {
+func readLine(r *bufio.Reader) ([]byte, error) { return readLineMax(r, maxLine) }
+
+// readLineMax reads one line of at most limit bytes, without its newline;
+// it stops reading as soon as the line passes the limit.
+func readLineMax(r *bufio.Reader, limit int) ([]byte, error) {
 	var line []byte
 	for {
 		part, err := r.ReadSlice('\n')
 		line = append(line, part...)
-		if len(line) > maxLine {
-			return nil, errors.New("line too long")
+		if len(line) > limit+1 {
+			return nil, fmt.Errorf("%w: more than %d bytes", errTooLong, limit)
 		}
 		switch {
 		case err == nil:

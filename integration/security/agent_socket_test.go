@@ -1,0 +1,360 @@
+//go:build integration
+
+package security
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ringipam/ringipam/integration/cnitest"
+	"github.com/ringipam/ringipam/integration/netns"
+	"github.com/ringipam/ringipam/internal/testenv"
+)
+
+// agentProc is the ringipamd binary serving a TLS etcd. The plugins'
+// configuration (conf) carries no TLS: an ipam-ring call succeeds only
+// through the agent's socket, never by reaching etcd itself.
+type agentProc struct {
+	cmd     *exec.Cmd
+	done    chan struct{}
+	logs    *syncBuffer
+	socket  string
+	metrics string // base URL of /metrics
+	prefix  string
+	etcd    *testenv.Etcd
+	files   testenv.TLSFiles
+}
+
+// syncBuffer is a bytes.Buffer a process writes while the test reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startAgent starts ringipamd on a fresh TLS etcd with its store socket in
+// a fresh directory (mode 0755, so that the socket's own mode is the first
+// door), and waits for the socket to appear. The agent is killed when the
+// test ends.
+func startAgent(t *testing.T) *agentProc {
+	t.Helper()
+	netns.RequireRoot(t)
+	srv, files := testenv.StartEtcdTLS(t)
+	dir, err := os.MkdirTemp("", "rsec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := l.Addr().String()
+	l.Close()
+	a := &agentProc{done: make(chan struct{}), logs: &syncBuffer{}, socket: filepath.Join(dir, "store.sock"),
+		metrics: "http://" + listen + "/metrics", prefix: "/" + netns.Unique("sec-") + "/", etcd: srv, files: files}
+	a.cmd = exec.Command(agentBin, "--host", "sec-agent", "--store", "etcd", "--etcd-endpoints", strings.Join(srv.Endpoints(), ","),
+		"--etcd-cacert", files.CA, "--etcd-cert", files.Cert, "--etcd-key", files.Key,
+		"--store-prefix", a.prefix, "--listen", listen, "--ingress=false", "--store-socket", a.socket)
+	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = a.cmd.Wait(); close(a.done) }()
+	t.Cleanup(func() {
+		_ = a.cmd.Process.Kill()
+		select {
+		case <-a.done:
+		case <-time.After(10 * time.Second):
+		}
+		if t.Failed() {
+			t.Logf("ringipamd output:\n%s", a.logs.String())
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if fi, err := os.Stat(a.socket); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			break
+		}
+		select {
+		case <-a.done:
+			t.Fatalf("ringipamd exited before serving its socket:\n%s", a.logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the store socket %s did not appear within 30s", a.socket)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return a
+}
+
+// conf is an ipam-ring configuration that works only through the agent.
+func (a *agentProc) conf(t *testing.T) []byte {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "sec-agent", "type": "bridge",
+		"ipam": map[string]any{"type": "ipam-ring", "host": "sec-agent", "timeout": "10s",
+			"ranges": [][]map[string]string{{{"subnet": "198.18.124.0/24"}}},
+			"store":  map[string]any{"type": "etcd", "endpoints": a.etcd.Endpoints(), "prefix": a.prefix, "agentSocket": a.socket}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// alive fails the test if the agent has exited.
+func (a *agentProc) alive(t *testing.T) {
+	t.Helper()
+	select {
+	case <-a.done:
+		t.Fatalf("ringipamd exited: %v", a.cmd.ProcessState)
+	default:
+	}
+}
+
+// metric reads one sample (name with its exact label set) of the agent.
+func (a *agentProc) metric(t *testing.T, series string) float64 {
+	t.Helper()
+	c := http.Client{Timeout: 10 * time.Second}
+	r, err := c.Get(a.metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	sc := bufio.NewScanner(r.Body)
+	for sc.Scan() {
+		name, val, ok := strings.Cut(sc.Text(), " ")
+		if ok && name == series {
+			f, err := strconv.ParseFloat(val, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return f
+		}
+	}
+	t.Fatalf("no %s in the agent's metrics", series)
+	return 0
+}
+
+// add runs one ipam-ring ADD (through the agent: the configuration has no
+// TLS) and fails the test unless it succeeds within cnitest.OpTimeout.
+func (a *agentProc) add(t *testing.T, id string) {
+	t.Helper()
+	res, err := cnitest.ExecIPAM("ADD", a.conf(t), id, "")
+	if err != nil {
+		t.Fatalf("ADD %s through the agent: %v", id, err)
+	}
+	if len(res.IPs) != 1 {
+		t.Fatalf("ADD %s: %+v", id, res)
+	}
+}
+
+// ncAs sends line to the agent's socket with netcat running as uid/gid
+// 65534 (with the given ambient capabilities), or as root when asRoot,
+// and returns what came back and netcat's error output.
+func ncAs(t *testing.T, socket, line string, asRoot bool, caps ...uintptr) (stdout, stderr string) {
+	t.Helper()
+	nc, err := exec.LookPath("nc")
+	if err != nil {
+		t.Fatalf("netcat (netcat-openbsd, scripts/install-deps.sh) is needed: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, nc, "-N", "-U", socket)
+	if !asRoot {
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}, AmbientCaps: caps}
+	}
+	cmd.Stdin = strings.NewReader(line + "\n")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	_ = cmd.Run() // a refused or failed connection makes netcat exit 1
+	if ctx.Err() != nil {
+		t.Fatalf("netcat did not finish within 30s (out %q, err %q)", out.String(), errb.String())
+	}
+	return out.String(), errb.String()
+}
+
+// The store socket is mode 0600 and owned by root, and only root's
+// processes are served: a process of another uid is stopped by the mode,
+// and one that passes the mode (CAP_DAC_OVERRIDE) is refused by its peer
+// credentials -- closed unanswered, logged and counted.
+func TestAgentSocketServesRootOnly(t *testing.T) {
+	a := startAgent(t)
+	fi, err := os.Stat(a.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := fi.Sys().(*syscall.Stat_t)
+	if fi.Mode().Perm() != 0o600 || st.Uid != 0 {
+		t.Fatalf("store socket mode %v owner uid %d, want 0600 and 0", fi.Mode().Perm(), st.Uid)
+	}
+	const refusedPeers = `ringipam_store_socket_refused_total{reason="peer"}`
+	// Every peer sends this; the agent answers it (a refusal naming the
+	// cluster it serves) to any process it serves at all.
+	const hello = `{"op":"hello"}`
+
+	// Root: served (the control: an answer comes back).
+	if out, errOut := ncAs(t, a.socket, hello, true); !strings.Contains(out, "this agent serves prefix") {
+		t.Fatalf("root was not answered: out %q, err %q", out, errOut)
+	}
+	// Another uid: the socket's mode stops it at connect.
+	out, errOut := ncAs(t, a.socket, hello, false)
+	if out != "" || !strings.Contains(errOut, "Permission denied") {
+		t.Fatalf("uid 65534 on the store socket: out %q, err %q; want permission denied", out, errOut)
+	}
+	if n := a.metric(t, refusedPeers); n != 0 {
+		t.Fatalf("%s = %v after a client the mode stopped, want 0", refusedPeers, n)
+	}
+	// Another uid past the mode (CAP_DAC_OVERRIDE): connected, then closed
+	// unanswered by the peer check.
+	out, errOut = ncAs(t, a.socket, hello, false, unix.CAP_DAC_OVERRIDE)
+	if out != "" || strings.Contains(errOut, "Permission denied") {
+		t.Fatalf("uid 65534 with CAP_DAC_OVERRIDE: out %q, err %q; want connected and closed unanswered", out, errOut)
+	}
+	if n := a.metric(t, refusedPeers); n != 1 {
+		t.Fatalf("%s = %v after one client of uid 65534, want 1", refusedPeers, n)
+	}
+	if logs := a.logs.String(); !strings.Contains(logs, "uid 65534") {
+		t.Fatalf("the agent logged no refusal of uid 65534:\n%s", logs)
+	}
+	// Root is still served.
+	a.add(t, "after-refusal")
+	a.alive(t)
+}
+
+// Hostile clients on the socket -- malformed lines, a line far over the
+// request limit, clients that connect and never finish a request -- are
+// closed without crashing the agent, and while they are connected an
+// ipam-ring ADD through the agent still succeeds.
+func TestAgentSocketSurvivesHostileClients(t *testing.T) {
+	a := startAgent(t)
+	dial := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("unix", a.socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+
+	// Two clients that stall: one silent, one half-way through a request.
+	dial()
+	half := dial()
+	if _, err := half.Write([]byte(`{"op":"invoke","timeoutMs":10000,"invocation":{"command":"ADD","stdin":"`)); err != nil {
+		t.Fatal(err)
+	}
+
+	// A request line of 16 MiB, twice the limit and four times any real
+	// request (a 4 MiB network configuration, base64 in the JSON): the
+	// agent stops reading and closes the connection, so the write fails
+	// before all of it went out (a unix socket buffers a few hundred KiB).
+	huge := dial()
+	const hugeLen = 16 << 20
+	wrote := make(chan error, 1)
+	var written int
+	go func() {
+		_ = huge.SetWriteDeadline(time.Now().Add(2 * time.Minute))
+		chunk := bytes.Repeat([]byte("a"), 64<<10)
+		for written < hugeLen {
+			n, err := huge.Write(chunk)
+			written += n
+			if err != nil {
+				wrote <- err
+				return
+			}
+		}
+		wrote <- nil
+	}()
+
+	// Malformed lines: each is logged, counted and its connection closed.
+	malformed := []string{
+		"not json at all",
+		"\x00\x01\x02\xff\xfe\xfd",
+		"12345",
+		`{"op":"invoke","invocation":{"command":"ADD","stdin":"%%% not base64 %%%"}}`,
+		strings.Repeat("[", 20000) + strings.Repeat("]", 20000),
+	}
+	// Well-formed but wrong: answered with a refusal, then closed.
+	wrong := []string{
+		`{"op":"get","keys":["YQ=="]}`, // before hello
+		`{"op":"invoke"}`,              // no invocation
+		`{"op":"invoke","invocation":{"command":"NOPE","stdin":""}}`,
+		`{"op":"hello","identity":{"prefix":"/elsewhere/","endpoints":["127.0.0.1:1"]}}`,
+	}
+	for _, line := range append(malformed, wrong...) {
+		c := dial()
+		if _, err := c.Write([]byte(line + "\n")); err != nil {
+			t.Fatalf("%.40q: %v", line, err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
+		got, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatalf("after %.40q the agent kept the connection open (read: %v, got %q)", line, err, got)
+		}
+		c.Close()
+	}
+
+	// While the stalled clients (and perhaps the huge one) are connected,
+	// a plugin call through the agent succeeds.
+	a.add(t, "amid-hostile-1")
+
+	select {
+	case err := <-wrote:
+		if err == nil {
+			t.Fatalf("the agent read a %d-byte request line whole", hugeLen)
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("the agent neither read nor closed a huge request line within 2 minutes (%d bytes written)", written)
+		}
+		t.Logf("the huge line's write failed after %d of %d bytes: %v", written, hugeLen, err)
+	case <-time.After(3 * time.Minute):
+		t.Fatal("the huge line's writer did not finish within 3 minutes")
+	}
+	if n := a.metric(t, `ringipam_store_socket_refused_total{reason="too-large"}`); n != 1 {
+		t.Fatalf("too-large refusals %v, want 1", n)
+	}
+	if n := a.metric(t, `ringipam_store_socket_refused_total{reason="malformed"}`); n != float64(len(malformed)) {
+		t.Fatalf("malformed refusals %v, want %d", n, len(malformed))
+	}
+
+	// The stalled clients are still connected; the agent is alive and
+	// serves the next call too.
+	a.alive(t)
+	a.add(t, "amid-hostile-2")
+	if _, err := cnitest.ExecIPAM("DEL", a.conf(t), "amid-hostile-1", ""); err != nil {
+		t.Fatalf("DEL through the agent: %v", err)
+	}
+	a.alive(t)
+}
