@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/netip"
 	"strings"
 	"time"
 
 	"github.com/docker/go-plugins-helpers/ipam"
 
+	"github.com/ringipam/ringipam/pkg/names"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
 )
@@ -127,6 +127,11 @@ func (d *Driver) RequestPool(ctx context.Context, req *ipam.RequestPoolRequest) 
 	ctx, cancel := d.ctx(ctx)
 	defer cancel()
 	name := req.Options[OptPool]
+	if name != "" {
+		if err := names.Pool(name); err != nil {
+			return nil, fmt.Errorf("%w: --ipam-opt %s: %w", pool.ErrInvalid, OptPool, err)
+		}
+	}
 	if req.Pool == "" {
 		if req.SubPool != "" {
 			return nil, fmt.Errorf("%w: --ip-range needs --subnet", pool.ErrInvalid)
@@ -315,11 +320,11 @@ func (d *Driver) gateway(ctx context.Context, pid poolID, want netip.Addr) (neti
 // allocation records the host; an endpoint with the same MAC on a second
 // host is refused with "already exists" (a MAC is unique on a segment).
 func Owner(poolName, mac string) (pool.Owner, error) {
-	hw, err := net.ParseMAC(mac)
+	hw, err := names.MAC(mac)
 	if err != nil {
-		return pool.Owner{}, fmt.Errorf("%w: endpoint MAC address %q: %v", pool.ErrInvalid, mac, err)
+		return pool.Owner{}, fmt.Errorf("%w: %w", pool.ErrInvalid, err)
 	}
-	return pool.Owner{Kind: pool.KindDocker, Network: poolName, ContainerID: hw.String()}, nil
+	return pool.Owner{Kind: pool.KindDocker, Network: poolName, ContainerID: hw}, nil
 }
 
 // container allocates (or returns, for a replay) the endpoint's address.

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/ringipam/ringipam/pkg/names"
 	"github.com/ringipam/ringipam/pkg/pool"
 )
 
@@ -45,6 +46,9 @@ func parsePoolID(s string) (poolID, error) {
 	var p poolID
 	var err error
 	p.Pool, p.Isolated = strings.CutPrefix(parts[0], "!")
+	if err := names.Pool(p.Pool); err != nil {
+		return poolID{}, fmt.Errorf("%w: pool ID %q: %w", pool.ErrInvalid, s, err)
+	}
 	if p.Subnet, err = netip.ParsePrefix(parts[1]); err != nil {
 		return poolID{}, fmt.Errorf("%w: pool ID %q: %v", pool.ErrInvalid, s, err)
 	}

@@ -4,19 +4,15 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+
+	"github.com/ringipam/ringipam/pkg/names"
 )
 
 // validName accepts 1-200 characters of letters, digits, '.', '_', ':' or
 // '-', the first a letter or digit. (A loop, not a regular expression: a
 // compiled {0,199} costs every plugin process milliseconds at start.)
 func validName(what, name string) error {
-	ok := len(name) >= 1 && len(name) <= 200
-	for i := 0; ok && i < len(name); i++ {
-		c := name[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		ok = alnum || i > 0 && (c == '.' || c == '_' || c == ':' || c == '-')
-	}
-	if !ok {
+	if names.Pool(name) != nil {
 		return fmt.Errorf("%w: %s %q must be 1-200 characters of letters, digits, '.', '_', ':' or '-'", ErrInvalid, what, name)
 	}
 	return nil

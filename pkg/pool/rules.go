@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 
+	"github.com/ringipam/ringipam/pkg/names"
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
@@ -119,7 +120,7 @@ func Classify(err error) Class {
 		return ClassMismatch
 	case errors.Is(err, ErrUnknownPool):
 		return ClassUnknownPool
-	case errors.Is(err, ErrInvalid):
+	case errors.Is(err, ErrInvalid), errors.Is(err, names.ErrInvalid):
 		return ClassInvalid
 	case errors.Is(err, store.ErrUnavailable):
 		return ClassUnavailable

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/hostlock"
+	"github.com/ringipam/ringipam/pkg/names"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/retry"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -83,7 +84,20 @@ func (e Edge) call(command string, args *cnimain.CmdArgs) error {
 	if err != nil {
 		return wire(err)
 	}
-	return verbs[command](e, context.Background(), c, args)
+	return e.dispatch(context.Background(), command, c, args)
+}
+
+// dispatch runs command's verb, here or for the agent, once the names of
+// the attachment passed pkg/names' rules (code 7 otherwise, before any
+// store work). GC and STATUS name no attachment.
+func (e Edge) dispatch(ctx context.Context, command string, c *Config, args *cnimain.CmdArgs) error {
+	switch command {
+	case "ADD", "DEL", "CHECK":
+		if err := names.CNI(c.Network, args.ContainerID, args.IfName); err != nil {
+			return wire(fmt.Errorf("%w: %w", ErrBadConfig, err))
+		}
+	}
+	return verbs[command](e, ctx, c, args)
 }
 
 // run opens the allocator for c under c's timeout (counted within

@@ -13,6 +13,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/ringipam/ringipam/pkg/names"
 	"github.com/ringipam/ringipam/pkg/pool"
 )
 
@@ -203,6 +204,9 @@ func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 	if n.Name == "" {
 		return nil, badConfig("missing network name")
 	}
+	if err := names.Network(n.Name); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
 	if len(n.IPAM) == 0 || string(n.IPAM) == "null" {
 		return nil, badConfig("missing \"ipam\" section")
 	}
@@ -299,6 +303,9 @@ func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 		c.Reservation = args.reservation
 	case im.ReservationFromPod && args.podNamespace != "" && args.podName != "":
 		c.Reservation = args.podNamespace + "/" + args.podName
+	}
+	if err := names.Reservation(c.Reservation); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
 	if err := c.loadValid(&n); err != nil {
 		return nil, err

@@ -163,8 +163,7 @@ var _ relay.Invoker = AgentInvoker{}
 
 // Accept implements relay.Invoker.
 func (s AgentInvoker) Accept(inv *relay.Invocation) (func(context.Context) relay.Outcome, time.Duration, bool) {
-	v, ok := verbs[inv.Command]
-	if !ok {
+	if _, ok := verbs[inv.Command]; !ok {
 		return nil, 0, false
 	}
 	c, err := load(inv.Stdin, inv.Args, inv.Hostname)
@@ -187,7 +186,7 @@ func (s AgentInvoker) Accept(inv *relay.Invocation) (func(context.Context) relay
 			return a, func() error { return nil }, nil
 		}}
 		var out relay.Outcome
-		if err := v(e, ctx, c, args); err != nil {
+		if err := e.dispatch(ctx, inv.Command, c, args); err != nil {
 			b, merr := json.Marshal(CNIError(err))
 			if merr != nil {
 				b, _ = json.Marshal(types.NewError(types.ErrInternal, err.Error(), ""))

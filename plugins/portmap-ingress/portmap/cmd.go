@@ -15,6 +15,7 @@ import (
 
 	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/hostlock"
+	"github.com/ringipam/ringipam/pkg/names"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/retry"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -179,6 +180,15 @@ func needDataplane(o Opened) error {
 	return nil
 }
 
+// checkAttachment refuses (code 7) a container ID or interface name that
+// breaks pkg/names' rules, before any store work.
+func checkAttachment(c *Config, args *cnimain.CmdArgs) error {
+	if err := names.CNI(c.Network, args.ContainerID, args.IfName); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadConfig, err)
+	}
+	return nil
+}
+
 func attachment(c *Config, args *cnimain.CmdArgs) portalloc.EndpointID {
 	return portalloc.EndpointID{Network: c.Network, ContainerID: args.ContainerID, IfName: args.IfName}
 }
@@ -188,6 +198,9 @@ func attachment(c *Config, args *cnimain.CmdArgs) portalloc.EndpointID {
 // are also logged on stderr and kept in the store (see README).
 func (e Edge) Add(args *cnimain.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
+	if err == nil {
+		err = checkAttachment(c, args)
+	}
 	if err != nil {
 		return wire(err)
 	}
@@ -301,6 +314,9 @@ func (e Edge) log(id portalloc.EndpointID, c *Config, pub Published) {
 // Del is the DEL verb. It needs neither mappings nor prevResult.
 func (e Edge) Del(args *cnimain.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
+	if err == nil {
+		err = checkAttachment(c, args)
+	}
 	if err != nil {
 		return wire(err)
 	}
@@ -313,6 +329,9 @@ func (e Edge) Del(args *cnimain.CmdArgs) error {
 // Check is the CHECK verb.
 func (e Edge) Check(args *cnimain.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
+	if err == nil {
+		err = checkAttachment(c, args)
+	}
 	if err != nil {
 		return wire(err)
 	}

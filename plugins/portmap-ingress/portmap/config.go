@@ -28,6 +28,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/ringipam/ringipam/pkg/names"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
@@ -131,8 +132,8 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 	}
 	c := &Config{CNIVersion: n.CNIVersion, Network: n.Name, Mode: portalloc.Host,
 		Lo: portalloc.DefaultLo, Hi: portalloc.DefaultHi, Timeout: DefaultTimeout, Table: DefaultTable, Dataplane: DataplaneAuto}
-	if err := (portalloc.EndpointID{Network: c.Network, ContainerID: "x"}).Validate(); err != nil {
-		return nil, badConfig("network name %q: %v", c.Network, err)
+	if err := names.Network(c.Network); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
 	switch portalloc.Mode(n.Mode) {
 	case "":
