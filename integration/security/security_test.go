@@ -152,14 +152,24 @@ func TestDriverSocketIsRootOnly(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("capabilities: %s", resp.Status)
 	}
-	// An oversized request body is refused, not parsed.
-	big := bytes.Repeat([]byte("x"), 8<<20)
+	// An oversized request body is refused, not parsed: a valid
+	// RequestPool (it would be served whole) whose options carry 3 MiB.
+	big, err := json.Marshal(map[string]any{"Pool": "198.18.123.0/24", "AddressSpace": "global",
+		"Options": map[string]string{"com.example.pad": strings.Repeat("x", 3<<20)}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	resp, err = c.Post("http://plugin/IpamDriver.RequestPool", "application/json", bytes.NewReader(big))
-	if err == nil {
-		resp.Body.Close()
-		if resp.StatusCode == 200 {
-			t.Fatalf("an 8 MiB request was served")
-		}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answer struct{ Err, PoolID string }
+	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if answer.PoolID != "" || !strings.Contains(answer.Err, "too large") {
+		t.Fatalf("a valid %d-byte RequestPool: %+v, want refused as too large", len(big), answer)
 	}
 	// A request that touches the store creates it, root-only.
 	resp, err = c.Post("http://plugin/IpamDriver.RequestPool", "application/json", strings.NewReader(`{"Pool":"198.18.122.0/24","AddressSpace":"global"}`))
