@@ -28,7 +28,12 @@
 //     or may not have happened, as with a lost etcd connection. A lost
 //     connection during a read is retried on the direct store.
 //   - The socket is created mode 0600: whoever may use it may use the
-//     agent's etcd credentials.
+//     agent's etcd credentials. The server also checks every connection's
+//     peer credentials (SO_PEERCRED, package internal/peercred): only
+//     Server.PeerUID (root by default) is served, others are closed
+//     unread. A request line over MaxRequest, or one that does not decode,
+//     closes its connection; each connection has its own goroutine and a
+//     read deadline, so a stalled or hostile client holds up nobody else.
 //   - Whole invocations (Invoke, Invoker; invoke.go): a plugin may instead
 //     send its whole CNI call, which the agent runs on its own store, the
 //     local store included, when its Invoker accepts it. The plugin runs
