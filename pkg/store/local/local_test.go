@@ -391,20 +391,34 @@ func TestKilledWriters(t *testing.T) {
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
 			}
+			// Each writer is killed only after it has acknowledged
+			// ackedBeforeKill increments (so the log fills whatever the
+			// machine's speed), a few milliseconds later, wherever its
+			// next commit then is; one that never gets there is killed
+			// at the deadline and the test fails.
+			gotThere := make(chan struct{})
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				sc := bufio.NewScanner(out)
+				mine := 0
 				for sc.Scan() {
 					if sc.Text() == "ACK" {
 						mu.Lock()
 						acked++
 						mu.Unlock()
+						if mine++; mine == ackedBeforeKill {
+							close(gotThere)
+						}
 					}
 				}
 			}()
 			go func() {
-				time.Sleep(time.Duration(150+50*w+30*round) * time.Millisecond)
+				select {
+				case <-gotThere:
+					time.Sleep(time.Duration(5*w+3*round) * time.Millisecond)
+				case <-time.After(2 * time.Minute):
+				}
 				_ = cmd.Process.Kill()
 			}()
 			defer func() { _ = cmd.Wait() }()
@@ -429,8 +443,11 @@ func TestKilledWriters(t *testing.T) {
 }
 
 const (
-	killChildEnv       = "RINGIPAM_LOCAL_KILL_CHILD_PATH"
-	paddingForTest     = 2000
+	killChildEnv   = "RINGIPAM_LOCAL_KILL_CHILD_PATH"
+	paddingForTest = 2000
+	// ackedBeforeKill increments acknowledged by each of TestKilledWriters'
+	// 12 writers fill the log three times over.
+	ackedBeforeKill    = 3*logCapacityForTest/paddingForTest/12 + 1
 	logCapacityForTest = 32 << 10 // the log's capacity (unexported)
 )
 
