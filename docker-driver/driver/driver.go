@@ -204,21 +204,61 @@ func (d *Driver) requestDefault(ctx context.Context, v6 bool) (*ipam.RequestPool
 }
 
 // conform checks a recorded definition against what dockerd asked for and
-// adopts its range when dockerd gave no --ip-range.
+// adopts its range when dockerd gave no --ip-range. A Docker network's pool
+// has one subnet: one dynamic range (--ip-range, or the whole subnet) and,
+// around it, the static-only ranges of the rest of the subnet (see
+// dockerRanges); a pool recorded before static-only ranges existed has the
+// dynamic range alone, and is accepted as it is.
 func conform(pid poolID, def pool.Def, rangeGiven bool) (poolID, error) {
-	if len(def.Ranges) != 1 || def.Ranges[0].Subnet != pid.Subnet {
+	dyn, ok := dynamicRange(def, pid.Subnet)
+	if !ok {
 		var subnets []string
 		for _, r := range def.Ranges {
 			subnets = append(subnets, r.Subnet.String())
 		}
 		return pid, fmt.Errorf("%w: pool %s is recorded with subnet(s) %v; a Docker network needs a pool of exactly one subnet, %s", pool.ErrDefinitionMismatch, def.Name, subnets, pid.Subnet)
 	}
-	r := def.Ranges[0]
-	if rangeGiven && (r.Start != pid.Start || r.End != pid.End) {
-		return pid, fmt.Errorf("%w: pool %s is recorded with range %s-%s; --ip-range gives %s-%s", pool.ErrDefinitionMismatch, def.Name, r.Start, r.End, pid.Start, pid.End)
+	if rangeGiven && (dyn.Start != pid.Start || dyn.End != pid.End) {
+		return pid, fmt.Errorf("%w: pool %s is recorded with range %s-%s; --ip-range gives %s-%s", pool.ErrDefinitionMismatch, def.Name, dyn.Start, dyn.End, pid.Start, pid.End)
 	}
-	pid.Start, pid.End = r.Start, r.End
+	pid.Start, pid.End = dyn.Start, dyn.End
 	return pid, nil
+}
+
+// dynamicRange returns the one range of def that is not static-only, when
+// every range of def lies in subnet.
+func dynamicRange(def pool.Def, subnet netip.Prefix) (pool.Range, bool) {
+	var dyn []pool.Range
+	for _, r := range def.Ranges {
+		if r.Subnet != subnet {
+			return pool.Range{}, false
+		}
+		if !r.Static {
+			dyn = append(dyn, r)
+		}
+	}
+	if len(dyn) != 1 {
+		return pool.Range{}, false
+	}
+	return dyn[0], true
+}
+
+// dockerRanges are the ranges the driver records for a network: the
+// dynamic range [pid.Start, pid.End] and, when --ip-range leaves part of
+// the subnet out, that part as static-only ranges, which only a static
+// request (docker run --ip) gets. Every range carries the gateway, so
+// whichever range a reader finds an address in names it.
+func dockerRanges(pid poolID, gw netip.Addr) []pool.Range {
+	first, last, _ := pool.UsableBounds(pid.Subnet)
+	var out []pool.Range
+	if first.Compare(pid.Start) < 0 {
+		out = append(out, pool.Range{Subnet: pid.Subnet, Start: first, End: pid.Start.Prev(), Gateway: gw, Static: true})
+	}
+	out = append(out, pool.Range{Subnet: pid.Subnet, Start: pid.Start, End: pid.End, Gateway: gw})
+	if pid.End.Compare(last) < 0 {
+		out = append(out, pool.Range{Subnet: pid.Subnet, Start: pid.End.Next(), End: last, Gateway: gw, Static: true})
+	}
+	return out
 }
 
 // ReleasePool drops the default-pool lease the PoolID carries, if any.
@@ -287,7 +327,7 @@ func (d *Driver) gateway(ctx context.Context, pid poolID, want netip.Addr) (neti
 				return netip.Addr{}, fmt.Errorf("%w: subnet %s is a point-to-point link with no default gateway (the same rule as the CNI plugin); give --gateway", pool.ErrInvalid, pid.Subnet)
 			}
 		}
-		nd := pool.Def{Name: pid.Pool, Isolated: pid.Isolated, Ranges: []pool.Range{{Subnet: pid.Subnet, Start: pid.Start, End: pid.End, Gateway: gw}}}
+		nd := pool.Def{Name: pid.Pool, Isolated: pid.Isolated, Ranges: dockerRanges(pid, gw)}
 		err = d.alloc.Define(ctx, nd)
 		if err == nil {
 			d.log.Info("recorded pool", "pool", pid.Pool, "subnet", pid.Subnet, "range", fmt.Sprintf("%s-%s", pid.Start, pid.End), "gateway", gw)
@@ -306,7 +346,8 @@ func (d *Driver) gateway(ctx context.Context, pid poolID, want netip.Addr) (neti
 	if _, err := conform(pid, def, true); err != nil {
 		return netip.Addr{}, err
 	}
-	gw := def.Ranges[0].Gateway
+	dyn, _ := dynamicRange(def, pid.Subnet)
+	gw := dyn.Gateway
 	if !gw.IsValid() {
 		return netip.Addr{}, fmt.Errorf("%w: pool %s is recorded without a gateway; a Docker network needs one (record the pool with a gateway)", pool.ErrDefinitionMismatch, pid.Pool)
 	}

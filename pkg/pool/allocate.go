@@ -293,7 +293,7 @@ func (a *Allocator) decodeSnapshot(ctx context.Context, req Request, defs map[st
 				return nil, err
 			}
 		}
-		t.segs = segmentsOf(t.def)
+		t.segs = dynamicSegmentsOf(t.def)
 		var tokens []token
 		if t.ringKV.Exists() {
 			if err := decodeTokens(t.ringKV.Value, &tokens); err != nil {

@@ -34,7 +34,7 @@ type handoff struct {
 //
 // With no free address anywhere it returns a *CapacityError.
 func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring) (ring, *handoff, error) {
-	segs := segmentsOf(def)
+	segs := dynamicSegmentsOf(def)
 	is4 := def.is4()
 	a.stats.claims.Add(1)
 	for i, t := range r.tokens {

@@ -307,7 +307,7 @@ func writeHolders(w *jsonscan.Writer, holders []string) {
 
 var (
 	defKeys   = []string{"name", "ranges", "exclude", "isolated"}
-	rangeKeys = []string{"subnet", "rangeStart", "rangeEnd", "gateway"}
+	rangeKeys = []string{"subnet", "rangeStart", "rangeEnd", "gateway", "static"}
 )
 
 func decodeDefJSON(b []byte, d *Def) error {
@@ -327,6 +327,10 @@ func decodeDefJSON(b []byte, d *Def) error {
 							return textValue(val, &r.Start)
 						case "rangeEnd":
 							return textValue(val, &r.End)
+						case "static":
+							var ok bool
+							r.Static, ok = val.Bool()
+							return ok
 						default:
 							return textValue(val, &r.Gateway)
 						}
@@ -369,6 +373,9 @@ func writeRanges(w *jsonscan.Writer, rs []Range) {
 				w.Raw(f.key)
 				writeText(w, f.addr)
 			}
+		}
+		if r.Static {
+			w.Raw(`,"static":true`)
 		}
 		w.Raw("}")
 	}

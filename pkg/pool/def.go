@@ -154,6 +154,18 @@ func segmentsOf(d Def) []span {
 	return segs
 }
 
+// dynamicSegmentsOf returns the addresses of d that dynamic allocation may
+// hand out: segmentsOf(d) minus the Static ranges.
+func dynamicSegmentsOf(d Def) []span {
+	segs := segmentsOf(d)
+	for _, r := range d.Ranges {
+		if r.Static {
+			segs = subtract(segs, span{toU128(r.Start), toU128(r.End)})
+		}
+	}
+	return segs
+}
+
 // subtract removes h from the sorted spans.
 func subtract(segs []span, h span) []span {
 	var out []span

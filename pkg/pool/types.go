@@ -12,11 +12,16 @@ import (
 // gateway. Start and End default to the first and last usable address of the
 // subnet (the network address, and for IPv4 the broadcast address, are never
 // handed out). A valid Gateway inside [Start, End] is never handed out either.
+//
+// A Static range (seed 001's BOSH static IPs) is handed out only to static
+// requests (a Want with an Addr): dynamic allocation and claims never touch
+// it. A definition recorded before the field existed has no static range.
 type Range struct {
 	Subnet  netip.Prefix `json:"subnet"`
 	Start   netip.Addr   `json:"rangeStart,omitzero"`
 	End     netip.Addr   `json:"rangeEnd,omitzero"`
 	Gateway netip.Addr   `json:"gateway,omitzero"`
+	Static  bool         `json:"static,omitempty"`
 }
 
 // Def defines a pool: one or more ranges of one address family, plus

@@ -117,6 +117,9 @@ type rangeJSON struct {
 	RangeStart string `json:"rangeStart,omitempty"`
 	RangeEnd   string `json:"rangeEnd,omitempty"`
 	Gateway    string `json:"gateway,omitempty"`
+	// Static marks a range whose addresses go only to static requests
+	// ("ips" capability, CNI_ARGS IP=), never to dynamic ones.
+	Static bool `json:"static,omitempty"`
 }
 
 type ipamJSON struct {

@@ -18,7 +18,7 @@ var (
 	runtimeKeys = []string{"ips", "ipRanges", "io.kubernetes.cri.pod-annotations"}
 	ipamKeys    = []string{"type", "ranges", "routes", "dns", "exclude", "store", "host", "pools", "reservationFromPod", "gatewayMode",
 		"perContainerPrefix", "timeout", "reservationHold", "isolated", "subnet", "rangeStart", "rangeEnd", "gateway", "dataDir"}
-	rangeKeys = []string{"subnet", "rangeStart", "rangeEnd", "gateway"}
+	rangeKeys = []string{"subnet", "rangeStart", "rangeEnd", "gateway", "static"}
 )
 
 // decodeNetFast fills n from stdin as json.Unmarshal would, or returns
@@ -153,6 +153,8 @@ func rangeSets(v jsonscan.Value, strict bool) ([][]rangeJSON, bool) {
 					rj.RangeEnd, ok = val.String()
 				case "gateway":
 					rj.Gateway, ok = val.String()
+				case "static":
+					rj.Static, ok = val.Bool()
 				}
 				return ok
 			})

@@ -100,6 +100,7 @@ func buildDef(name string, rs []rangeJSON, excl []netip.Prefix) (pool.Def, error
 			return pool.Def{}, fmt.Errorf("range %d: subnet %q: %v", j, r.Subnet, err)
 		}
 		pr.Subnet = sub.Masked()
+		pr.Static = r.Static
 		for _, f := range []struct {
 			key string
 			s   string
