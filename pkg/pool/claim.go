@@ -25,8 +25,9 @@ type handoff struct {
 //  1. an unowned range, whole;
 //  2. a tombstoned range that holds no address any more, whole; else the
 //     largest free hole of the tombstoned ranges, whole;
-//  3. the upper half of a free hole of the live host with the most free
-//     addresses (only free addresses change hands). The donor may still
+//  3. a range of the live host with the most free addresses that holds no
+//     address, whole; else the upper half of its largest free hole (only
+//     free addresses change hands). The donor may still
 //     commit an allocation in that hole between this read and the ring
 //     commit; returnStrays hands such addresses back right after (the
 //     returned handoff says where to look). Uniqueness never depends on
@@ -125,6 +126,13 @@ func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring)
 		return strings.Compare(x.host, y.host)
 	})
 	for _, d := range donors {
+		// A range of the donor that holds no address at all changes owner
+		// whole (seed 002's first case), a one-token change.
+		if s, ok, err := a.emptyRange(ctx, pool, is4, r, d.host, segs); err != nil {
+			return ring{}, nil, err
+		} else if ok {
+			return r.assign(s.lo, s.hi, a.host), &handoff{pool: pool, is4: is4, lo: s.lo, hi: s.hi}, nil
+		}
 		hole, ok, err := a.largestHole(ctx, pool, is4, d.spans, d.state.Cursor)
 		if err != nil {
 			return ring{}, nil, err
@@ -139,6 +147,34 @@ func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring)
 		return r.assign(give.lo, give.hi, a.host), &handoff{pool: pool, is4: is4, lo: give.lo, hi: give.hi}, nil
 	}
 	return ring{}, nil, &CapacityError{Pool: pool, Used: used, Capacity: capacityOf(segs).String()}
+}
+
+// maxEmptyRangeScan bounds how many of a donor's ranges a claim reads to
+// find one that holds no address (one single-key scan each).
+const maxEmptyRangeScan = 16
+
+// emptyRange returns a live range of host, with addresses dynamic
+// allocation may hand out, that holds no address (no owner, no hold).
+func (a *Allocator) emptyRange(ctx context.Context, pool string, is4 bool, r ring, host string, segs []span) (span, bool, error) {
+	scanned := 0
+	for i, t := range r.tokens {
+		if t.Host != host || t.Tomb || len(clip(r.spanOf(i), segs)) == 0 {
+			continue
+		}
+		if scanned == maxEmptyRangeScan {
+			break
+		}
+		scanned++
+		s := r.spanOf(i)
+		held, err := a.st.Scan(ctx, addrKey(pool, s.lo, is4), addrKey(pool, s.hi, is4)+"\x00", 1)
+		if err != nil {
+			return span{}, false, err
+		}
+		if len(held) == 0 {
+			return s, true, nil
+		}
+	}
+	return span{}, false, nil
 }
 
 // minCursorHole is the smallest hole after a donor's cursor that a claim

@@ -82,3 +82,45 @@ func TestStaticOnlyRange(t *testing.T) {
 		t.Fatalf("defining the pool without the static mark: %v, want a definition mismatch", err)
 	}
 }
+
+// TestEmptyRangeOfALiveDonorIsGivenWhole (seed 002): a live donor's range
+// that holds no address changes owner whole, not only its upper half.
+func TestEmptyRangeOfALiveDonorIsGivenWhole(t *testing.T) {
+	ctx := context.Background()
+	hs := localHosts(t, v4Def("p", "198.18.0.0/27"), "h1", "h2", "h3") // .1-.30
+	if _, err := hs[0].Allocate(ctx, Request{Owner: own("a"), Wants: ipWant("p")}); err != nil {
+		t.Fatal(err) // h1 takes the unowned ring whole
+	}
+	if _, err := hs[1].Allocate(ctx, Request{Owner: own("b"), Wants: ipWant("p")}); err != nil {
+		t.Fatal(err) // h2 takes the upper half of h1's free hole
+	}
+	if _, _, err := hs[0].Release(ctx, own("a")); err != nil {
+		t.Fatal(err) // h1's range is empty now; h1 stays the donor with the most free space
+	}
+	before, err := hs[0].RingOf(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h1 []OwnedRange
+	for _, r := range before.Ranges {
+		if r.Host == "h1" {
+			h1 = append(h1, r)
+		}
+	}
+	if len(h1) != 1 {
+		t.Fatalf("ring before the claim %+v: want one range of h1", before.Ranges)
+	}
+	got, err := hs[2].Allocate(ctx, Request{Owner: own("c"), Wants: ipWant("p")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := hs[0].RingOf(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, ok := after.Owner(h1[0].Start)
+	if !ok || whole.Host != "h3" || whole.Start != h1[0].Start || whole.End != h1[0].End {
+		t.Fatalf("after h3's claim the ring is %+v; want h1's empty range %s-%s given whole to h3 (h3 got %s)",
+			after.Ranges, h1[0].Start, h1[0].End, got.Addrs[0].Addr)
+	}
+}
