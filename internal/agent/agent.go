@@ -102,6 +102,7 @@ type Agent struct {
 	httpL   net.Listener
 
 	held     func() bool
+	nameLost atomic.Bool // another instance holds this host's liveness key now
 	snapshot atomic.Pointer[Snapshot]
 	kick     chan struct{} // a watch saw published ports change
 
@@ -214,21 +215,72 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.log.Info("ringipamd starting", "host", a.cfg.Host, "addr", a.cfg.Addr, "store", a.cfg.Store.Describe(),
 		"listen", a.cfg.Listen, "orphanAfter", time.Duration(a.cfg.OrphanAfter), "sweep", a.cfg.Sweep, "ingress", a.cfg.Ingress)
 
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var wg sync.WaitGroup
 	loop := func(fn func(context.Context)) {
 		wg.Add(1)
 		go func() { defer wg.Done(); fn(ctx) }()
 	}
+	// Liveness first: a host name held by another running instance stops
+	// this agent before it does anything under that name (seed 002: host
+	// names are unique). The wait is bounded: with the store out of reach
+	// the agent starts anyway, and still stops if the name turns out taken
+	// before it held it once.
+	fatal := make(chan error, 1)
+	ready := make(chan struct{})
+	var readyOnce sync.Once
+	report := func(nt *NameTakenError, everHeld bool) {
+		switch {
+		case nt == nil:
+			readyOnce.Do(func() { close(ready) })
+			if a.nameLost.Swap(false) {
+				a.log.Info("liveness: this host's name is held by this agent again", "host", a.cfg.Host)
+			}
+		case !everHeld:
+			select {
+			case fatal <- nt:
+			default:
+			}
+			readyOnce.Do(func() { close(ready) })
+		case !a.nameLost.Swap(true):
+			a.log.Error("THIS HOST'S NAME IS HELD BY ANOTHER RINGIPAMD: its plugins' invocations through this agent fail (STATUS too) until the name is this agent's again",
+				"host", a.cfg.Host, "err", nt)
+		}
+	}
+	self := newLivenessValue(a.cfg.Addr)
 	if a.cli != nil {
-		k := newLeaseKeeper(a.cli, a.prefix, a.cfg.Host, a.cfg.Addr, time.Duration(a.cfg.LeaseTTL), a.log)
+		k := newLeaseKeeper(a.cli, a.prefix, a.cfg.Host, self, time.Duration(a.cfg.LeaseTTL), a.log, report)
 		a.held = k.held.Load
 		loop(k.run)
-		loop(a.watch)
 	} else {
-		v, _ := json.Marshal(livenessValue{Addr: a.cfg.Addr})
-		p := &plainLiveness{st: a.st, key: pool.LivenessKey(a.cfg.Host), value: v}
+		p := &plainLiveness{st: a.st, host: a.cfg.Host, key: pool.LivenessKey(a.cfg.Host), self: self, lost: report}
 		a.held = p.held.Load
 		loop(func(ctx context.Context) { p.run(ctx, time.Duration(a.cfg.Timeout), a.log) })
+	}
+	wait := time.NewTimer(time.Duration(a.cfg.Timeout))
+	select {
+	case <-ready:
+	case <-wait.C:
+		a.log.Warn("liveness: the host's liveness key is not held yet; starting anyway", "host", a.cfg.Host)
+	case <-ctx.Done():
+	}
+	wait.Stop()
+	select {
+	case err := <-fatal:
+		cancel()
+		wg.Wait()
+		if relayL != nil {
+			relayL.Close()
+		}
+		if l != nil {
+			l.Close()
+		}
+		return err
+	default:
+	}
+	if a.cli != nil {
+		loop(a.watch)
 	}
 	loop(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.Heartbeat), a.heartbeat) })
 	if a.cfg.Sweep && a.cfg.OrphanAfter > 0 {
@@ -264,7 +316,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			func(msg string, args ...any) { a.log.Warn(msg, args...) })
 		// Whole ipam-ring invocations too: on etcd the plugin then makes
 		// one exchange with the agent instead of one per store call.
-		srv.Invoker = ipamring.AgentInvoker{Store: a.st, Config: a.cfg.Store}
+		srv.Invoker = nameGuard{inner: ipamring.AgentInvoker{Store: a.st, Config: a.cfg.Store}, lost: a.nameLost.Load, host: a.cfg.Host}
 		srv.OnCall = func(op string, err error) {
 			result := "ok"
 			switch {
@@ -286,7 +338,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		}()
 		a.log.Info("serving the store and ipam-ring invocations to plugins", "socket", relayL.Addr().String())
 	}
-	<-ctx.Done()
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-fatal:
+		cancel()
+	}
 	wg.Wait()
 	if a.cfg.Ingress && a.fwd != nil {
 		// Forwards nobody keeps up to date are worse than none.
@@ -297,7 +354,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		cancel()
 	}
 	a.log.Info("ringipamd stopped")
-	return srvErr
+	return errors.Join(runErr, srvErr)
 }
 
 // every runs fn now and then every d (with up to 10% jitter) until ctx ends.

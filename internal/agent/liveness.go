@@ -2,6 +2,8 @@ package agent
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,20 +11,63 @@ import (
 	"math"
 	"os"
 	"sync/atomic"
+	"syscall"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/retry"
 	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/relay"
 )
 
-// livenessValue is what the liveness key holds: who keeps it, for operators.
+// livenessValue is what the liveness key holds: who keeps it, for
+// operators, and which agent process (Instance, random per start): host
+// names are unique (seed 002), so an agent writes the key only when it is
+// absent or its own.
 type livenessValue struct {
-	Addr    string `json:"addr,omitempty"`
-	PID     int    `json:"pid"`
-	Started int64  `json:"started"`
+	Addr     string `json:"addr,omitempty"`
+	PID      int    `json:"pid"`
+	Started  int64  `json:"started"`
+	Instance string `json:"instance,omitempty"`
+}
+
+// newLivenessValue is this agent process's liveness value.
+func newLivenessValue(addr string) livenessValue {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return livenessValue{Addr: addr, PID: os.Getpid(), Started: time.Now().Unix(), Instance: hex.EncodeToString(b)}
+}
+
+// NameTakenError: the host's liveness key is held by another running agent
+// instance, so this agent may not use the host name.
+type NameTakenError struct {
+	Host   string
+	Holder livenessValue
+}
+
+func (e *NameTakenError) Error() string {
+	started := time.Unix(e.Holder.Started, 0).UTC().Format(time.RFC3339)
+	return fmt.Sprintf("host name %q is in use by another running ringipamd (pid %d, started %s, addr %q): host names must be unique; "+
+		"give this agent another --host, or stop the other one (its liveness key goes when it stops, or one lease TTL after it dies)",
+		e.Host, e.Holder.PID, started, e.Holder.Addr)
+}
+
+// nameReport is how the liveness loops report a NameTakenError (everHeld:
+// this agent held the name before), or, with err nil, that the name is
+// held now.
+type nameReport func(err *NameTakenError, everHeld bool)
+
+// taken decides on a liveness key that exists: nil when it is this
+// instance's (or unreadable, which no agent writes), else the error.
+func taken(host string, raw []byte, self livenessValue, alive func(livenessValue) bool) *NameTakenError {
+	var v livenessValue
+	if json.Unmarshal(raw, &v) != nil || v.Instance == self.Instance || !alive(v) {
+		return nil
+	}
+	return &NameTakenError{Host: host, Holder: v}
 }
 
 // leaseKeeper keeps this host's liveness key attached to an etcd lease that
@@ -32,18 +77,22 @@ type livenessValue struct {
 // longer than the TTL) is granted anew and the key written again.
 type leaseKeeper struct {
 	cli   *clientv3.Client
+	host  string
 	key   string // full etcd key (the store prefix included)
+	self  livenessValue
 	value []byte
 	ttl   time.Duration
 	log   *slog.Logger
 	held  atomic.Bool
+	// lost reports the key held by another instance (never nil).
+	lost nameReport
 	// grants counts leases granted (1 in a quiet life).
 	grants atomic.Int64
 }
 
-func newLeaseKeeper(cli *clientv3.Client, prefix, host, addr string, ttl time.Duration, log *slog.Logger) *leaseKeeper {
-	v, _ := json.Marshal(livenessValue{Addr: addr, PID: os.Getpid(), Started: time.Now().Unix()})
-	return &leaseKeeper{cli: cli, key: prefix + pool.LivenessKey(host), value: v, ttl: ttl, log: log}
+func newLeaseKeeper(cli *clientv3.Client, prefix, host string, self livenessValue, ttl time.Duration, log *slog.Logger, lost nameReport) *leaseKeeper {
+	v, _ := json.Marshal(self)
+	return &leaseKeeper{cli: cli, host: host, key: prefix + pool.LivenessKey(host), self: self, value: v, ttl: ttl, log: log, lost: lost}
 }
 
 // run keeps the lease until ctx ends, then revokes it.
@@ -54,7 +103,12 @@ func (k *leaseKeeper) run(ctx context.Context) {
 		var id clientv3.LeaseID
 		err := retry.Do(ctx, backoff, func(error) bool { return true }, func(int) error {
 			var err error
-			if id, err = k.grant(ctx); err != nil {
+			id, err = k.grant(ctx)
+			var nt *NameTakenError
+			switch {
+			case errors.As(err, &nt):
+				k.lost(nt, k.grants.Load() > 0)
+			case err != nil:
 				k.log.Warn("liveness: cannot take the lease; retrying", "err", err)
 			}
 			return err
@@ -63,6 +117,7 @@ func (k *leaseKeeper) run(ctx context.Context) {
 			return // ctx ended
 		}
 		k.held.Store(true)
+		k.lost(nil, true)
 		k.keep(ctx, id)
 		k.held.Store(false)
 		if ctx.Err() != nil {
@@ -84,8 +139,29 @@ func (k *leaseKeeper) grant(ctx context.Context) (clientv3.LeaseID, error) {
 	if err != nil {
 		return 0, fmt.Errorf("grant: %w", err)
 	}
-	if _, err := k.cli.Put(ctx, k.key, string(k.value), clientv3.WithLease(lease.ID)); err != nil {
+	// Create-if-absent; an existing key of this very instance (a lease
+	// lost but not yet expired) is taken over; another live instance's
+	// is not.
+	put := clientv3.OpPut(k.key, string(k.value), clientv3.WithLease(lease.ID))
+	resp, err := k.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k.key), "=", 0)).Then(put).Else(clientv3.OpGet(k.key)).Commit()
+	if err != nil {
 		return 0, errors.Join(fmt.Errorf("put %s: %w", k.key, err), revokeQuietly(k.cli, lease.ID))
+	}
+	if !resp.Succeeded {
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			return 0, errors.Join(fmt.Errorf("put %s: it vanished while read; retrying", k.key), revokeQuietly(k.cli, lease.ID))
+		}
+		if nt := taken(k.host, kvs[0].Value, k.self, func(livenessValue) bool { return true }); nt != nil {
+			return 0, errors.Join(nt, revokeQuietly(k.cli, lease.ID))
+		}
+		r, err := k.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(k.key), "=", kvs[0].ModRevision)).Then(put).Commit()
+		if err == nil && !r.Succeeded {
+			err = fmt.Errorf("it changed while read; retrying")
+		}
+		if err != nil {
+			return 0, errors.Join(fmt.Errorf("put %s: %w", k.key, err), revokeQuietly(k.cli, lease.ID))
+		}
 	}
 	k.grants.Add(1)
 	k.log.Info("liveness: lease held", "key", k.key, "ttl", k.ttl, "lease", fmt.Sprintf("%x", int64(lease.ID)))
@@ -132,27 +208,61 @@ func (k *leaseKeeper) keep(ctx context.Context, id clientv3.LeaseID) {
 
 // plainLiveness is liveness on a store without leases (the local store of
 // a single host): the key is written once and deleted on a clean stop.
-// Nothing judges a single host's peers, so nothing depends on expiry.
+// Nothing judges a single host's peers, so nothing depends on expiry. A
+// key left by an agent that died is taken over when its process is gone.
 type plainLiveness struct {
 	st    store.Store
+	host  string
 	key   string
-	value []byte
+	self  livenessValue
 	held  atomic.Bool
+	lost  nameReport
+	alive func(livenessValue) bool // nil: the process is running on this machine
 }
 
 func (p *plainLiveness) run(ctx context.Context, timeout time.Duration, log *slog.Logger) {
-	write := func(ctx context.Context, ops ...store.Op) error {
+	value, _ := json.Marshal(p.self)
+	alive := p.alive
+	if alive == nil {
+		alive = func(v livenessValue) bool { return v.PID > 0 && syscall.Kill(v.PID, 0) != syscall.ESRCH }
+	}
+	claim := func(ctx context.Context) error {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		return p.st.Commit(ctx, nil, ops)
+		kvs, err := p.st.Get(ctx, p.key)
+		if err != nil {
+			return err
+		}
+		if kvs[0].Exists() {
+			if nt := taken(p.host, kvs[0].Value, p.self, alive); nt != nil {
+				return nt
+			}
+		}
+		return p.st.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put(p.key, value)})
 	}
-	if err := write(ctx, store.Put(p.key, p.value)); err != nil {
+	err := claim(ctx)
+	var nt *NameTakenError
+	switch {
+	case errors.As(err, &nt):
+		p.lost(nt, false)
+		return
+	case err != nil:
 		log.Warn("liveness: cannot write the liveness key", "err", err)
-	} else {
+	default:
 		p.held.Store(true)
+		p.lost(nil, true)
 	}
 	<-ctx.Done()
-	if err := write(context.Background(), store.Delete(p.key)); err != nil {
+	if !p.held.Load() {
+		return
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	kvs, err := p.st.Get(dctx, p.key)
+	if err == nil && kvs[0].Exists() && taken(p.host, kvs[0].Value, p.self, func(livenessValue) bool { return true }) == nil {
+		err = p.st.Commit(dctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Delete(p.key)})
+	}
+	if err != nil {
 		log.Warn("liveness: cannot delete the liveness key on shutdown", "err", err)
 	}
 	p.held.Store(false)
@@ -168,4 +278,30 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// nameGuard serves the plugins' invocations through inner while this agent
+// holds its host name; once another instance holds it, every invocation
+// but DEL fails (STATUS included, so the runtime stops using the host):
+// this host's ADDs would share that instance's ranges, and its GC could
+// release that instance's containers.
+type nameGuard struct {
+	inner relay.Invoker
+	lost  func() bool
+	host  string
+}
+
+func (g nameGuard) Accept(inv *relay.Invocation) (func(context.Context) relay.Outcome, time.Duration, bool) {
+	run, timeout, ok := g.inner.Accept(inv)
+	if !ok || inv.Command == "DEL" {
+		return run, timeout, ok
+	}
+	return func(ctx context.Context) relay.Outcome {
+		if !g.lost() {
+			return run(ctx)
+		}
+		msg := fmt.Sprintf("host %s: another ringipamd holds this host's name (its liveness key); this host's agent lost it. Host names must be unique: stop one of them", g.host)
+		b, _ := json.Marshal(types.NewError(types.ErrTryAgainLater, msg, ""))
+		return relay.Outcome{Error: b}
+	}, timeout, true
 }
