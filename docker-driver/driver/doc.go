@@ -15,10 +15,11 @@
 //     encodes pool name, subnet, allocatable range and, for pools picked
 //     from the default pools, a lease token; dockerd keeps it and passes it
 //     back, so later calls need no lookup. If the pool is already recorded
-//     (by another host, or by the CNI plugin) it must have exactly one range
-//     with the same subnet, and the same range if --ip-range was given;
-//     otherwise the call fails with an error wrapping
-//     pool.ErrDefinitionMismatch.
+//     (by another host, or by the CNI plugin) all its ranges must lie in the
+//     same subnet, exactly one of them dynamic (not Static), and that one
+//     the same range if --ip-range was given; otherwise the call fails with
+//     an error wrapping pool.ErrDefinitionMismatch. With --ip-range the rest
+//     of the subnet is recorded as static-only ranges: only --ip gets it.
 //   - RequestPool without a subnet leases a subnet of this host's default
 //     pools that this host holds no lease on, so repeated calls return
 //     different subnets while the earlier ones are held. The lease lives in
