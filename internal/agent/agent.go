@@ -345,6 +345,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		cancel()
 	}
 	wg.Wait()
+	if a.cfg.LeaveOnStop && runErr == nil && !a.nameLost.Load() {
+		runErr = a.leave()
+	}
 	if a.cfg.Ingress && a.fwd != nil {
 		// Forwards nobody keeps up to date are worse than none.
 		rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -355,6 +358,25 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.log.Info("ringipamd stopped")
 	return errors.Join(runErr, srvErr)
+}
+
+// leave makes this host leave the ring after its loops stopped (the
+// liveness lease is revoked by then; Force covers a revocation that
+// failed: the agent is the host itself).
+func (a *Agent) leave() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Duration(a.cfg.Timeout))
+	defer cancel()
+	rep, err := a.alloc.Reclaim(ctx, a.cfg.Host, pool.ReclaimOptions{Leave: true, Force: true})
+	if err != nil {
+		return fmt.Errorf("leaving the ring: %w", err)
+	}
+	n, err := a.ports.ReleaseHost(ctx, a.cfg.Host)
+	if err != nil {
+		return fmt.Errorf("leaving the ring: releasing this host's published ports: %w", err)
+	}
+	a.log.Info("left the ring", "host", a.cfg.Host, "pools", rep.TombstonedPools, "ownersReleased", rep.Released,
+		"rangesHandedOn", rep.Handed, "endpointsWithPortsReleased", n)
+	return nil
 }
 
 // every runs fn now and then every d (with up to 10% jitter) until ctx ends.

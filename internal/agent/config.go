@@ -56,8 +56,11 @@ type Config struct {
 	SweepInterval storeconfig.Duration `json:"sweepInterval"`
 	// OrphanAfter is how long a host must be down before its space is
 	// reclaimed (default 48h); "0s" turns the sweep off on this agent.
-	OrphanAfter  storeconfig.Duration `json:"orphanAfter"`
-	Sweep        bool                 `json:"sweep"`
+	OrphanAfter storeconfig.Duration `json:"orphanAfter"`
+	Sweep       bool                 `json:"sweep"`
+	// LeaveOnStop makes the host leave the ring when the agent stops
+	// cleanly (a host being decommissioned; seed 002's weave reset).
+	LeaveOnStop  bool                 `json:"leaveOnStop,omitempty"`
 	Ingress      bool                 `json:"ingress"`
 	IngressTable string               `json:"ingressTable"`
 	// PortmapTable is portmap-ingress's table on this host (its "table"):
@@ -135,6 +138,7 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.Var(storeconfig.DurationValue(&cfg.SweepInterval), "sweep-interval", "how often orphaned hosts are looked for")
 	fs.Var(storeconfig.DurationValue(&cfg.OrphanAfter), "orphan-after", "how long a host is down before its space is reclaimed")
 	fs.BoolVar(&cfg.Sweep, "sweep", cfg.Sweep, "reclaim orphaned hosts from this agent")
+	fs.BoolVar(&cfg.LeaveOnStop, "leave-on-stop", cfg.LeaveOnStop, "on a clean stop, leave the ring: release this host's owners and ports, its ranges go to the owners of the ranges before them (decommissioning)")
 	fs.BoolVar(&cfg.Ingress, "ingress", cfg.Ingress, "forward ingress ports published on other hosts (nftables)")
 	fs.StringVar(&cfg.IngressTable, "ingress-table", cfg.IngressTable, "nftables table (inet family) of the ingress forwards")
 	fs.StringVar(&cfg.PortmapTable, "portmap-table", cfg.PortmapTable, `portmap-ingress's table on this host: with --ingress, forwards of endpoints this host no longer holds in the store are removed from it ("off": left alone)`)

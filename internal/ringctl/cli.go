@@ -114,6 +114,7 @@ var commands = []command{
 	{"release", "ADDRESS [--pool P] | --owner O  [--no-hold] [--dry-run]", "release the owner of ADDRESS, or every owner O matches", true, setupRelease},
 	{"hold drop", "NAME --network N [--kind K] [--dry-run]", "free the addresses held for released reservation NAME", true, setupHoldDrop},
 	{"rmpeer", "HOST [--force] [--tombstone] [--dry-run]", "remove HOST: tombstone its ranges, release its owners and ports", true, setupRmpeer},
+	{"leave", "HOST [--force] [--dry-run]", "HOST leaves (weave reset): release its owners and ports; its ranges go to the owners of the ranges before them", true, setupLeave},
 	{"gc", "[--dry-run]", "reclaim orphaned hosts, drop ended holds, repair the owner index", true, setupGC},
 	{"host ack", "[HOST]", "clear HOST's orphaned mark (default: this host)", true, setupHostAck},
 	{"check", "", "check the store's invariants; one line per violation", true, setupCheck},
@@ -434,6 +435,17 @@ func setupRmpeer(fs *flag.FlagSet, env Env) run {
 			return nil, nil, 0, err
 		}
 		return actionsResult(c.Rmpeer(ctx, RmpeerArgs{Host: pos[0], Force: *force, Tombstone: *tomb}, *dry))
+	}
+}
+
+func setupLeave(fs *flag.FlagSet, env Env) run {
+	force := fs.Bool("force", false, "let the host leave even though its agent holds its liveness lease")
+	dry := dryRunFlag(fs)
+	return func(ctx context.Context, c *Ctl, s Settings, pos []string) (any, func(io.Writer), int, error) {
+		if err := wantArgs(pos, 1, "the HOST that leaves"); err != nil {
+			return nil, nil, 0, err
+		}
+		return actionsResult(c.Leave(ctx, LeaveArgs{Host: pos[0], Force: *force}, *dry))
 	}
 }
 

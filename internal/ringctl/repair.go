@@ -173,6 +173,35 @@ func (c *Ctl) Rmpeer(ctx context.Context, args RmpeerArgs, dry bool) (Actions, e
 	return out, nil
 }
 
+// LeaveArgs says which host leaves.
+type LeaveArgs struct {
+	Host string
+	// Force lets a host leave whose agent still holds its liveness lease.
+	Force bool
+}
+
+// Leave makes a host leave the ring on purpose (seed 002's `weave reset`,
+// for a host being decommissioned): its ranges are tombstoned, its owners
+// released as by rmpeer, its published ports released, and the free space
+// of each of its ranges goes to the owner of the range before it on the
+// ring (or stays tombstoned where there is none). The host is not marked
+// orphaned. HOST may be this ringctl's own host.
+func (c *Ctl) Leave(ctx context.Context, args LeaveArgs, dry bool) (Actions, error) {
+	out := Actions{DryRun: dry, Actions: []Action{}}
+	plan, err := c.Pool.PlanLeave(ctx, args.Host, args.Force)
+	if err != nil {
+		return out, refusal(err)
+	}
+	ports, err := c.endpointsOf(ctx, args.Host)
+	if err != nil {
+		return out, err
+	}
+	if err := c.reclaim(ctx, plan, ports, pool.ReclaimOptions{Leave: true, Force: args.Force}, dry, &out); err != nil {
+		return out, err
+	}
+	return out, nil
+}
+
 // reclaim runs (or with dry, lists) one host's reclaim and the release of
 // its ports.
 func (c *Ctl) reclaim(ctx context.Context, plan pool.ReclaimPlan, ports []endpoint, opt pool.ReclaimOptions, dry bool, out *Actions) error {
@@ -182,12 +211,15 @@ func (c *Ctl) reclaim(ctx context.Context, plan pool.ReclaimPlan, ports []endpoi
 			Detail: fmt.Sprintf("%s, last seen %s", h.State, stamp(h.LastSeen))}
 	}
 	handover := Action{Do: "hand-over", Target: h.Name, Host: c.Pool.Host(), Detail: "its free space goes to " + c.Pool.Host()}
+	if opt.Leave {
+		handover = Action{Do: "hand-over", Target: h.Name, Detail: "its free space goes to the owner of the range before each of its ranges"}
+	}
 	if dry {
 		out.add(head(plan.Pools))
 		for _, al := range plan.Owners {
 			out.add(Action{Do: "release", Target: al.Owner.String(), Host: al.Host, Pools: poolsOf(al), Addrs: addrsOf(al)})
 		}
-		if opt.ToCaller {
+		if opt.ToCaller || opt.Leave {
 			out.add(handover)
 		}
 		for _, e := range ports {
@@ -203,9 +235,13 @@ func (c *Ctl) reclaim(ctx context.Context, plan pool.ReclaimPlan, ports []endpoi
 	if err != nil {
 		return refusal(err)
 	}
-	if opt.ToCaller {
+	switch {
+	case opt.ToCaller:
 		out.add(handover)
 		out.note("host %s: %d free ranges handed to %s", h.Name, rep.Handed, c.Pool.Host())
+	case opt.Leave:
+		out.add(handover)
+		out.note("host %s left: %d free ranges handed to the owners of the ranges before them", h.Name, rep.Handed)
 	}
 	if len(ports) == 0 {
 		return nil

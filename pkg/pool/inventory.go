@@ -295,11 +295,17 @@ type ReclaimPlan struct {
 // changing nothing. It refuses what Reclaim refuses: this allocator's own
 // host, and a host whose liveness key exists unless force.
 func (a *Allocator) PlanReclaim(ctx context.Context, host string, force bool) (ReclaimPlan, error) {
-	if err := validName("host", host); err != nil {
-		return ReclaimPlan{}, err
-	}
 	if host == a.host {
 		return ReclaimPlan{}, fmt.Errorf("%w: a host cannot reclaim itself (%s)", ErrInvalid, host)
+	}
+	return a.PlanLeave(ctx, host, force)
+}
+
+// PlanLeave is PlanReclaim for a host leaving (Reclaim with Leave), which
+// may be this allocator's own host.
+func (a *Allocator) PlanLeave(ctx context.Context, host string, force bool) (ReclaimPlan, error) {
+	if err := validName("host", host); err != nil {
+		return ReclaimPlan{}, err
 	}
 	hosts, err := a.Hosts(ctx, 0)
 	if err != nil {

@@ -24,6 +24,12 @@ type ReclaimOptions struct {
 	ToCaller bool
 	// Force reclaims a host even though its liveness key exists.
 	Force bool
+	// Leave is a host leaving on purpose (seed 002's `weave reset`): the
+	// free space of each of its ranges goes to the owner of the range
+	// before it on the ring (it stays tombstoned where that range is
+	// unowned or tombstoned, or there is none), and the host is not marked
+	// orphaned. A host may leave itself. Excludes ToCaller.
+	Leave bool
 }
 
 // ReclaimReport says what one Reclaim did. Counts are of what this call
@@ -65,8 +71,11 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 	if err := validName("host", host); err != nil {
 		return ReclaimReport{}, err
 	}
-	if host == a.host {
-		return ReclaimReport{}, fmt.Errorf("%w: a host cannot reclaim itself (%s)", ErrInvalid, host)
+	if host == a.host && !opt.Leave {
+		return ReclaimReport{}, fmt.Errorf("%w: a host cannot reclaim itself (%s); it may leave", ErrInvalid, host)
+	}
+	if opt.Leave && opt.ToCaller {
+		return ReclaimReport{}, fmt.Errorf("%w: a leaving host's space goes to its neighbours on the ring, not to the caller", ErrInvalid)
 	}
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
@@ -171,16 +180,19 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 		}
 	}
 	// 3. Hand the free space over.
-	if opt.ToCaller {
+	if opt.ToCaller || opt.Leave {
 		for _, p := range pools {
-			n, err := a.handOver(ctx, p, host, guard)
+			n, err := a.handOver(ctx, p, host, opt.Leave, guard)
 			if err != nil {
 				return rep, fmt.Errorf("handing %s's space in pool %s to %s: %w", host, p, a.host, err)
 			}
 			rep.Handed += n
 		}
 	}
-	// 4. Mark the host orphaned.
+	// 4. Mark the host orphaned (not a host that left on purpose).
+	if opt.Leave {
+		return rep, nil
+	}
 	err = a.run(ctx, func(int) error {
 		kvs, err := a.st.Get(ctx, hostRecordKey(host))
 		if err != nil {
@@ -317,10 +329,12 @@ func (a *Allocator) releaseOrphan(ctx context.Context, owner Owner, ownerKV stor
 }
 
 // handOver gives every free hole of host's tombstoned ranges in pool to this
-// allocator's host, in one commit conditioned on the ring (a commit that
-// would exceed the store's transaction size is impossible: it writes one
-// key). Addresses still held there (holds of reservations) stay tombstoned.
-func (a *Allocator) handOver(ctx context.Context, pool, host string, guard []store.Cond) (int, error) {
+// allocator's host, or with toPrevious to the live owner of the range
+// before each (none: it stays tombstoned), in one commit conditioned on
+// the ring (a commit that would exceed the store's transaction size is
+// impossible: it writes one key). Addresses still held there (holds of
+// reservations) stay tombstoned.
+func (a *Allocator) handOver(ctx context.Context, pool, host string, toPrevious bool, guard []store.Cond) (int, error) {
 	handed := 0
 	err := a.run(ctx, func(int) error {
 		handed = 0
@@ -338,13 +352,26 @@ func (a *Allocator) handOver(ctx context.Context, pool, host string, guard []sto
 		}
 		is4 := def.is4()
 		var tombs []span
+		var heirs []string
 		for i, t := range r.tokens {
-			if t.Host == host && t.Tomb {
+			if t.Host != host || !t.Tomb {
+				continue
+			}
+			heir := a.host
+			if toPrevious {
+				heir = ""
+				if i > 0 && r.tokens[i-1].Host != "" && !r.tokens[i-1].Tomb {
+					heir = r.tokens[i-1].Host
+				}
+			}
+			if heir != "" {
 				tombs = append(tombs, r.spanOf(i))
+				heirs = append(heirs, heir)
 			}
 		}
 		out := r
-		for _, s := range tombs {
+		for j, s := range tombs {
+			heir := heirs[j]
 			held, err := a.st.Scan(ctx, addrKey(pool, s.lo, is4), addrKey(pool, s.hi, is4)+"\x00", 0)
 			if err != nil {
 				return err
@@ -356,7 +383,7 @@ func (a *Allocator) handOver(ctx context.Context, pool, host string, guard []sto
 					continue
 				}
 				if k.cmp(cur) > 0 {
-					out = out.assign(cur, k.dec(), a.host)
+					out = out.assign(cur, k.dec(), heir)
 					handed++
 				}
 				if k == s.hi {
@@ -366,7 +393,7 @@ func (a *Allocator) handOver(ctx context.Context, pool, host string, guard []sto
 				cur = k.inc()
 			}
 			if !done {
-				out = out.assign(cur, s.hi, a.host)
+				out = out.assign(cur, s.hi, heir)
 				handed++
 			}
 		}
