@@ -370,10 +370,15 @@ func (a *Agent) leave() error {
 	if err != nil {
 		return fmt.Errorf("leaving the ring: %w", err)
 	}
-	n, err := a.ports.ReleaseHost(ctx, a.cfg.Host)
+	guard, err := a.alloc.ReclaimGuard(ctx, a.cfg.Host, true)
+	if err != nil {
+		return fmt.Errorf("leaving the ring: %w", err)
+	}
+	rel, err := a.ports.ReleaseHost(ctx, a.cfg.Host, guard)
 	if err != nil {
 		return fmt.Errorf("leaving the ring: releasing this host's published ports: %w", err)
 	}
+	n := len(rel)
 	a.log.Info("left the ring", "host", a.cfg.Host, "pools", rep.TombstonedPools, "ownersReleased", rep.Released,
 		"rangesHandedOn", rep.Handed, "endpointsWithPortsReleased", n)
 	return nil

@@ -60,9 +60,9 @@ type Config struct {
 	Sweep       bool                 `json:"sweep"`
 	// LeaveOnStop makes the host leave the ring when the agent stops
 	// cleanly (a host being decommissioned; seed 002's weave reset).
-	LeaveOnStop  bool                 `json:"leaveOnStop,omitempty"`
-	Ingress      bool                 `json:"ingress"`
-	IngressTable string               `json:"ingressTable"`
+	LeaveOnStop  bool   `json:"leaveOnStop,omitempty"`
+	Ingress      bool   `json:"ingress"`
+	IngressTable string `json:"ingressTable"`
 	// PortmapTable is portmap-ingress's table on this host (its "table"):
 	// with Ingress, the agent removes from it the forwards of endpoints
 	// this host no longer holds in the store. "off": the agent leaves it
