@@ -15,8 +15,9 @@ import (
 
 // On a real etcd, through both clients (gRPC, and the JSON gateway the
 // plugins use): the basics (an ingress port on host A refused on host B,
-// host ports, exhaustion, release), and two hosts choosing dynamic ingress
-// ports 8 at a time each without a collision.
+// host ports, exhaustion, release), two hosts choosing dynamic ingress
+// ports 8 at a time each without a collision, and two requests that read
+// before either commits on a narrow range (runCommitRace).
 func TestAllocatorEtcd(t *testing.T) {
 	srv := testenv.StartEtcd(t)
 	clients := []struct {
@@ -37,6 +38,7 @@ func TestAllocatorEtcd(t *testing.T) {
 		}{
 			{"basics", runAllocatorBasics},
 			{"concurrent dynamic ingress", runConcurrentDynamicIngress},
+			{"commit race", runCommitRace},
 		} {
 			t.Run(c.name+"/"+tc.name, func(t *testing.T) {
 				st, err := c.open("/" + c.name + "-" + tc.name + "/")
