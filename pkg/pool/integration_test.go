@@ -277,3 +277,8 @@ func TestRmpeerHandsFreeSpaceToTheCallerEtcd(t *testing.T) {
 	srv := testenv.StartEtcd(t)
 	runRmpeerHandsFreeSpace(t, openEtcd(t, srv, "/rmpeer/"))
 }
+
+// TestConcurrentDefineEtcd is runConcurrentDefine on a real etcd.
+func TestConcurrentDefineEtcd(t *testing.T) {
+	runConcurrentDefine(t, openEtcd(t, testenv.StartEtcd(t), "/define-race/"))
+}

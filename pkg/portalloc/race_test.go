@@ -11,42 +11,8 @@ import (
 
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
+	"github.com/ringipam/ringipam/pkg/store/storetest"
 )
-
-// commitBarrier is a store whose first n commits wait until all n have
-// arrived: n requests that each commit once per attempt have all read the
-// store before any of them writes. Later commits (retries) pass at once.
-type commitBarrier struct {
-	store.Store
-	n       int
-	mu      sync.Mutex
-	arrived int
-	all     chan struct{}
-}
-
-func newCommitBarrier(st store.Store, n int) *commitBarrier {
-	return &commitBarrier{Store: st, n: n, all: make(chan struct{})}
-}
-
-func (b *commitBarrier) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
-	b.mu.Lock()
-	wait := b.arrived < b.n
-	if wait {
-		b.arrived++
-		if b.arrived == b.n {
-			close(b.all)
-		}
-	}
-	b.mu.Unlock()
-	if wait {
-		select {
-		case <-b.all:
-		case <-ctx.Done():
-			return fmt.Errorf("commit barrier: %d of %d commits arrived: %w", b.arrived, b.n, ctx.Err())
-		}
-	}
-	return b.Store.Commit(ctx, conds, ops)
-}
 
 // runCommitRace: two requests for one dynamic port read the store before
 // either commits (commitBarrier), on a range of one port (the loser finds
@@ -62,7 +28,7 @@ func runCommitRace(t *testing.T, st store.Store) {
 			t.Run(fmt.Sprintf("%s/range %d", mode, size), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
-				b := newCommitBarrier(st, 2)
+				b := storetest.NewBarrier(st, 2, nil)
 				hosts := []string{"h1", "h2"}
 				if mode == Host {
 					hosts[1] = "h1" // host ports are unique per host
@@ -91,8 +57,8 @@ func runCommitRace(t *testing.T, st store.Store) {
 					wg.Go(func() { res[i], errs[i] = as[i].Allocate(ctx, ids[i], spec) })
 				}
 				wg.Wait()
-				if b.arrived != 2 {
-					t.Fatalf("%d commits reached the barrier, want 2 (%v)", b.arrived, errs)
+				if b.Arrived() != 2 {
+					t.Fatalf("%d commits reached the barrier, want 2 (%v)", b.Arrived(), errs)
 				}
 				var won []uint16
 				for i := range 2 {

@@ -1,5 +1,7 @@
 // Package storetest is the one conformance suite every store.Store backend
-// must pass, plus a small commit benchmark.
+// must pass, plus a small commit benchmark, plus Barrier: a store wrapper
+// for the race tests of the store's users (several requests read before
+// any of them commits).
 //
 // Run executes table-driven subtests against fresh stores obtained from the
 // caller's open function (each subtest gets its own, empty store). Backends
