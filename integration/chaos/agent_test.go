@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"math/rand/v2"
 	"net/netip"
@@ -34,10 +35,15 @@ import (
 // runs Workers workers, each calling the real plugin binaries once per ADD
 // or DEL with the CNI environment, as a container runtime runs a conflist
 // of ipam-ring and portmap-ingress (ADD in order, DEL in reverse), and
-// writes one JSON line per call to stdout. It obeys two commands on stdin:
-// "stop" (finish the calls in progress, then report the attachments still
-// live) and "gc" (run both plugins' GC with exactly those attachments, read
-// the forwards left in the host's nftables table, report, exit).
+// writes one JSON line per call to stdout. Before its workers start it
+// makes its first attachment (kept to the end) and two ADDs killed for sure
+// (firstSteps), reports "ready" and waits for "go" on stdin: the suite
+// starts the workers and the faults once every agent is ready, so that
+// these steps are certain to happen, without faults and with room in the
+// pool and the port range. Then it obeys two more commands on stdin: "stop"
+// (finish the calls in progress, then report the attachments still live)
+// and "gc" (run both plugins' GC with exactly those attachments, read the
+// forwards left in the host's nftables table, report, exit).
 const agentEnv = "RINGIPAM_CHAOS_AGENT"
 
 // agentConfig is the agent's whole configuration, passed as JSON in agentEnv.
@@ -64,15 +70,35 @@ type agentConfig struct {
 	// overran its own timeout) is killed and reported as unclear.
 	CallLimit time.Duration `json:"callLimit"`
 	Seed      uint64        `json:"seed"`
+	// Race, when set, makes the first attachment a race: a static address
+	// and a static ingress port that another agent asks for at the same
+	// moment, each plugin's commit held at a barrier of the suite until
+	// both agents' plugins have read the store (the broken plugins'
+	// package broken; the real plugins ignore it).
+	Race *raceConfig `json:"race,omitempty"`
 }
+
+// raceConfig is the first attachment of an agent in a race.
+type raceConfig struct {
+	IP          netip.Addr `json:"ip"`          // ipam-ring's CNI_ARGS IP=
+	HostPort    uint16     `json:"hostPort"`    // portmap-ingress's static ingress port
+	AddrBarrier string     `json:"addrBarrier"` // the barrier socket of ipam-ring's commit
+	PortBarrier string     `json:"portBarrier"` // and of portmap-ingress's
+}
+
+// firstTimeout bounds each call of the first steps: a race waits at the
+// barrier for the other agent, which may start later on a loaded machine.
+// (It stays below the call limit of 30s.)
+const firstTimeout = 20 * time.Second
 
 // agentMsg is one line of an agent's stdout.
 type agentMsg struct {
-	Call *call      `json:"call,omitempty"` // an ipam-ring call
-	Port *call      `json:"port,omitempty"` // a portmap-ingress call
-	Done *agentDone `json:"done,omitempty"`
-	GC   *gcReport  `json:"gc,omitempty"`
-	Err  string     `json:"err,omitempty"`
+	Call  *call      `json:"call,omitempty"` // an ipam-ring call
+	Port  *call      `json:"port,omitempty"` // a portmap-ingress call
+	Ready bool       `json:"ready,omitempty"`
+	Done  *agentDone `json:"done,omitempty"`
+	GC    *gcReport  `json:"gc,omitempty"`
+	Err   string     `json:"err,omitempty"`
 }
 
 // agentDone lists the attachments that are live when the agent stopped:
@@ -128,11 +154,17 @@ func runAgent(raw string) int {
 		}
 		close(cmds) // the suite went away: stop, and exit after the report
 	}()
+	a.firstSteps()
+	a.emit(agentMsg{Ready: true})
+	c := <-cmds
 	var wg sync.WaitGroup
-	for w := range cfg.Workers {
-		wg.Go(func() { a.work(w) })
+	if c == "go" {
+		for w := range cfg.Workers {
+			wg.Go(func() { a.work(w) })
+		}
+		c = <-cmds
 	}
-	if c := <-cmds; c != "stop" && c != "" {
+	if c != "stop" && c != "" {
 		a.emit(agentMsg{Err: "unexpected command " + c})
 	}
 	a.stopping.Store(true)
@@ -206,6 +238,60 @@ func (a *agent) work(w int) {
 	}
 }
 
+// firstSteps runs before the workers, without faults and with room in the
+// pool and the range, so that what they do is certain, whatever the timing:
+//
+//   - the first attachment, first-<index>: ipam-ring and portmap-ingress ADD
+//     (Race: a static address and port, at the barriers), kept live to the
+//     end; a failure of either is reported as an error of the suite;
+//   - an ADD of each plugin for held-<index> whose configuration is never
+//     written to its stdin: it waits for it, so the SIGKILL sent then ends
+//     it for sure (a kill mid-ADD, if an early one); then held-<index> is
+//     DELed, as a runtime does after a failed ADD.
+func (a *agent) firstSteps() {
+	client := a.cfg.Index*100 + 99
+	id := fmt.Sprintf("first-%d", a.cfg.Index)
+	var env, portEnv []string
+	timeout := map[string]any{"timeout": firstTimeout.String()}
+	if r := a.cfg.Race; r != nil {
+		env = []string{"CNI_ARGS=IP=" + r.IP.String(), "RINGIPAM_CHAOS_BARRIER=" + r.AddrBarrier}
+		portEnv = []string{"RINGIPAM_CHAOS_BARRIER=" + r.PortBarrier}
+		timeout["runtimeConfig"] = map[string]any{"portMappings": []map[string]any{
+			{"hostPort": r.HostPort, "containerPort": containerPort, "protocol": "tcp", "mode": string(portalloc.Ingress)},
+		}}
+	}
+	conf, err := withIPAMKeys(a.cfg.Conf, map[string]any{"timeout": firstTimeout.String()})
+	var portConf []byte
+	if err == nil {
+		portConf, err = withKeys(a.cfg.PortConf, timeout)
+	}
+	if err != nil {
+		a.emit(agentMsg{Err: "first attachment's configuration: " + err.Error()})
+		return
+	}
+	c, res := a.run(client, false, "ADD", id, conf, nil, env, 0)
+	if c.Outcome == outOK {
+		pc, _ := a.run(client, true, "ADD", id, portConf, res, portEnv, 0)
+		if pc.Outcome == outOK {
+			a.setLive(id, c.Addr, pc.Port)
+		} else {
+			a.emit(agentMsg{Err: fmt.Sprintf("the first attachment %s: portmap-ingress ADD: %+v", id, pc)})
+			a.delUntilDone(client, id)
+		}
+	} else {
+		a.emit(agentMsg{Err: fmt.Sprintf("the first attachment %s: ipam-ring ADD: %+v", id, c)})
+		a.delUntilDone(client, id)
+	}
+
+	held := fmt.Sprintf("held-%d", a.cfg.Index)
+	for _, ports := range []bool{false, true} {
+		if c, _ := a.run(client, ports, "ADD", held, nil, nil, nil, -1); !c.Killed {
+			a.emit(agentMsg{Err: fmt.Sprintf("an ADD of %s held on its stdin was not killed: %+v", held, c)})
+		}
+	}
+	a.delUntilDone(client, held)
+}
+
 // recent keeps how long a worker's last four successful ADDs of a plugin
 // took.
 type recent struct {
@@ -257,8 +343,26 @@ func (a *agent) delUntilDone(client int, id string) {
 // call and returns it with the plugin's stdout. prev is portmap-ingress's
 // prevResult (ADD only).
 func (a *agent) invoke(client int, ports bool, command, id string, prev []byte, kill bool, killAfter time.Duration) (call, []byte) {
+	conf := []byte(a.cfg.Conf)
+	if ports {
+		conf = a.cfg.PortConf
+	}
+	if !kill {
+		killAfter = 0
+	} else {
+		killAfter = max(killAfter, time.Nanosecond) // a delay of 0 drawn is a kill at once
+	}
+	return a.run(client, ports, command, id, conf, prev, nil, killAfter)
+}
+
+// run runs ipam-ring (ports false) or portmap-ingress once with conf (and
+// prev as portmap-ingress's prevResult) and env added to the CNI
+// environment, records the call and returns it with the plugin's stdout.
+// killAfter > 0 SIGKILLs the plugin after that long; < 0 never writes conf
+// to its stdin and SIGKILLs it while it waits for it.
+func (a *agent) run(client int, ports bool, command, id string, conf, prev []byte, env []string, killAfter time.Duration) (call, []byte) {
 	c := call{Client: client, Host: a.cfg.Host, Verb: strings.ToLower(command), Owner: "cni/" + id}
-	plugin, conf := a.cfg.Plugin, []byte(a.cfg.Conf)
+	plugin := a.cfg.Plugin
 	if ports {
 		var extra map[string]any
 		if prev != nil {
@@ -266,13 +370,13 @@ func (a *agent) invoke(client int, ports bool, command, id string, prev []byte, 
 		}
 		var err error
 		plugin = a.cfg.PortPlugin
-		if conf, err = withKeys(a.cfg.PortConf, extra); err != nil {
+		if conf, err = withKeys(conf, extra); err != nil {
 			c.Outcome, c.Unclear = outFailed, "portmap-ingress configuration: "+err.Error()
 			a.emit(agentMsg{Port: &c})
 			return c, nil
 		}
 	}
-	inv := a.exec(plugin, command, id, conf, kill, killAfter)
+	inv := a.exec(plugin, command, id, conf, env, killAfter)
 	c.Call, c.Return = inv.call, inv.ret
 	inv.classify(&c, ports)
 	if c.Unclear != "" && inv.stderr != "" {
@@ -302,6 +406,21 @@ func withKeys(conf json.RawMessage, extra map[string]any) ([]byte, error) {
 	return json.Marshal(m)
 }
 
+// withIPAMKeys returns the network configuration conf with the keys of
+// extra set in its "ipam" object.
+func withIPAMKeys(conf json.RawMessage, extra map[string]any) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(conf, &m); err != nil {
+		return nil, err
+	}
+	ipam, err := withKeys(m["ipam"], extra)
+	if err != nil {
+		return nil, err
+	}
+	m["ipam"] = ipam
+	return json.Marshal(m)
+}
+
 // invocation is what one run of the plugin did.
 type invocation struct {
 	stdout    []byte // the result or the CNI error
@@ -313,16 +432,27 @@ type invocation struct {
 	overran   bool // it ran past CallLimit and was killed for that
 }
 
-// exec runs plugin with the CNI environment for command on container id,
-// feeding conf on stdin, and SIGKILLs it after killAfter when kill is set,
-// or when it runs past CallLimit.
-func (a *agent) exec(plugin, command, id string, conf []byte, kill bool, killAfter time.Duration) invocation {
+// exec runs plugin with the CNI environment (and env) for command on
+// container id, feeding conf on stdin, and SIGKILLs it after killAfter when
+// that is > 0, or when it runs past CallLimit. With killAfter < 0, conf is
+// never written: the plugin waits for its stdin and is SIGKILLed at once.
+func (a *agent) exec(plugin, command, id string, conf []byte, env []string, killAfter time.Duration) invocation {
 	cmd := exec.Command(plugin)
-	cmd.Env = []string{
+	cmd.Env = append([]string{
 		"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + id, "CNI_NETNS=" + a.cfg.Netns,
 		"CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(plugin), "PATH=/usr/sbin:/usr/bin:/sbin:/bin",
+	}, env...)
+	var held io.WriteCloser // the held call's stdin, open until it is dead
+	if killAfter < 0 {
+		var err error
+		if held, err = cmd.StdinPipe(); err != nil {
+			return invocation{err: err}
+		}
+		defer held.Close()
+		killAfter = 0
+	} else {
+		cmd.Stdin = bytes.NewReader(conf)
 	}
-	cmd.Stdin = bytes.NewReader(conf)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	inv := invocation{call: monotonic()}
@@ -330,6 +460,7 @@ func (a *agent) exec(plugin, command, id string, conf []byte, kill bool, killAft
 		inv.ret = monotonic()
 		return inv
 	}
+	kill := killAfter > 0 || held != nil
 	// A flag is set before its signal is sent: the process may die and
 	// Wait return before Signal does.
 	var sentKill, sentLimit atomic.Bool
@@ -463,7 +594,7 @@ func (a *agent) gcOne(plugin string, conf json.RawMessage, extra map[string]any)
 	r := &gcReport{}
 	for r.Attempts < 5 {
 		r.Attempts++
-		inv := a.exec(plugin, "GC", "", b, false, 0)
+		inv := a.exec(plugin, "GC", "", b, nil, 0)
 		if inv.err == nil {
 			r.OK, r.Msg = true, ""
 			return r

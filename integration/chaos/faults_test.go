@@ -4,7 +4,10 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"os"
 	"sync"
 	"time"
 )
@@ -29,7 +32,8 @@ type faults struct {
 	leaderChanges  int
 	partitions     int
 	driverRestarts int
-	midRequest     int // restarts that happened with a request in flight
+	midRequest     int // restarts with the fault's own request in flight (every one, by construction)
+	workerRequest  int // restarts that happened with a Docker worker's request in flight too (by chance)
 	cycles         int
 	errs           []string
 }
@@ -167,16 +171,33 @@ func (f *faults) partition(h *host) {
 	f.logf("fault: host %s cut off from etcd for %s, healed", h.name, f.partitionFor)
 }
 
-// restartDriver waits (up to 5s) for a Docker request in flight, SIGKILLs
-// the driver at once and starts it again.
+// restartDriver SIGKILLs the driver with a request in flight and starts it
+// again. The request in flight is certain: the fault's own RequestAddress,
+// whose body it cuts short (holdRequest), so that the driver waits for the
+// rest until it dies; it must end unanswered. Before that it waits (up to
+// 5s) for a Docker worker's request in flight too, which may or may not
+// still be in flight at the kill: those are counted apart, not asserted.
 func (f *faults) restartDriver() {
 	deadline := time.Now().Add(5 * time.Second)
 	for f.docker.inFlight.Load() == 0 && time.Now().Before(deadline) {
 		time.Sleep(200 * time.Microsecond)
 	}
-	mid := f.docker.inFlight.Load() > 0
+	held, err := holdRequest(f.drv.sock)
+	if err != nil {
+		f.fail("driver restart: %v", err)
+		return
+	}
+	defer held.Close()
+	worker := f.docker.inFlight.Load() > 0
 	if err := f.drv.kill(); err != nil {
 		f.fail("%v", err)
+		return
+	}
+	_ = held.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 512)
+	n, rerr := held.Read(buf)
+	if n > 0 || errors.Is(rerr, os.ErrDeadlineExceeded) {
+		f.fail("driver restart: the request cut short was answered or still open after the kill: %q, %v", buf[:n], rerr)
 		return
 	}
 	start := time.Now()
@@ -186,9 +207,27 @@ func (f *faults) restartDriver() {
 	}
 	f.mu.Lock()
 	f.driverRestarts++
-	if mid {
-		f.midRequest++
+	f.midRequest++
+	if worker {
+		f.workerRequest++
 	}
 	f.mu.Unlock()
-	f.logf("fault: Docker driver SIGKILLed (request in flight: %v), serving again after %s", mid, time.Since(start).Round(time.Millisecond))
+	f.logf("fault: Docker driver SIGKILLed with a request in flight (a worker's too: %v), serving again after %s", worker, time.Since(start).Round(time.Millisecond))
+}
+
+// holdRequest sends the driver at sock a RequestAddress whose body is cut
+// short: the driver has the request and waits for the rest.
+func holdRequest(sock string) (net.Conn, error) {
+	c, err := net.DialTimeout("unix", sock, 5*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("request to hold: %w", err)
+	}
+	body := `{"PoolID":"held","Options":{`
+	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintf(c, "POST /IpamDriver.RequestAddress HTTP/1.1\r\nHost: plugin\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s",
+		len(body)+100, body); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("request to hold: %w", err)
+	}
+	return c, nil
 }

@@ -31,6 +31,10 @@ const (
 	containerPort  uint16 = 80
 )
 
+// raceHostPort is the static ingress port the racing first attachments of
+// the broken run ask for (outside the dynamic range).
+const raceHostPort = portHi + 1
+
 // portRangeSize is how many ports the dynamic range holds.
 const portRangeSize = int(portHi-portLo) + 1
 

@@ -1,8 +1,10 @@
-// Command brokenplugin is ipam-ring with a deliberately broken store: every
-// commit drops its revision conditions, so a decision made on state that
-// changed meanwhile is written anyway (the "commit without the revision
-// condition" allocator of issue 14). The chaos suite runs against it to
-// show that it reports duplicates when the allocator is wrong.
+// Command brokenplugin is ipam-ring with a deliberately broken store
+// (package broken): every commit drops its revision conditions, so a
+// decision made on state that changed meanwhile is written anyway (the
+// "commit without the revision condition" allocator of issue 14). The chaos
+// suite runs against it to show that it reports duplicates when the
+// allocator is wrong. Its barrier holds the first commit that writes an
+// address key ("a/").
 //
 // It lives under testdata so that `go build ./...`, `make build` and every
 // production binary never contain it: only the chaos suite builds it, by
@@ -15,21 +17,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/ringipam/ringipam/integration/chaos/testdata/broken"
 	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/retry"
-	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 	"github.com/ringipam/ringipam/plugins/ipam-ring/ipamring"
 )
-
-// unconditional is a store whose Commit ignores its conditions.
-type unconditional struct{ store.Store }
-
-func (u unconditional) Commit(ctx context.Context, _ []store.Cond, ops []store.Op) error {
-	return u.Store.Commit(ctx, nil, ops)
-}
 
 // open is ipamring.OpenAllocator on the broken store, with the same
 // options (the retry policy's values are ipam-ring's contentionRetry).
@@ -38,7 +33,7 @@ func open(_ context.Context, c *ipamring.Config) (ipamring.Allocator, func() err
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening store: %w", err)
 	}
-	a, err := pool.New(unconditional{st}, c.Host, pool.WithTimeout(c.Timeout),
+	a, err := pool.New(broken.New(st, "a/"), c.Host, pool.WithTimeout(c.Timeout),
 		pool.WithRetry(retry.Policy{Attempts: 50, BaseDelay: time.Millisecond, MaxDelay: 80 * time.Millisecond}),
 		pool.WithHostLock(hostlock.DefaultDir), pool.WithReservationHold(c.ReservationHold))
 	if err != nil {
