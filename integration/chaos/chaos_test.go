@@ -189,7 +189,7 @@ func startBarrier(t *testing.T, n int) string {
 
 // result is what a run found; line is its summary.
 type result struct {
-	ops, okAdds, kills                     int
+	ops, kills                             int
 	workerRequest                          int
 	leaderChanges, leaderKills             int
 	partitions, driverRestarts, midRequest int
@@ -667,9 +667,6 @@ func judge(t *testing.T, ctx context.Context, r *result, p profile, run string, 
 		}
 		if c.Killed {
 			counts["killed"]++
-		}
-		if c.Verb == verbAdd && c.Outcome == outOK {
-			r.okAdds++
 		}
 		if c.Outcome != outOK {
 			counts["failed"]++

@@ -32,9 +32,20 @@
 // attachment still holding (and forwarding) the port its ADD returned. It
 // prints one summary line.
 //
-// The same suite run against a deliberately broken plugin (testdata/
-// brokenplugin: commits without their revision conditions, never part of a
-// production build) must report duplicates.
+// Every count the suite asserts is certain by the workload's construction,
+// not by timing: before the workers and the faults start, each host makes
+// its first attachment (kept to the end) and two ADDs that are killed for
+// sure (they wait for their configuration on stdin); every fault happens
+// once a cycle, the driver is killed with the fault's own request held in
+// flight.
+//
+// The same suite run against deliberately broken plugins (testdata/
+// brokenplugin and testdata/brokenportmap, on package testdata/broken:
+// commits without their revision conditions, never part of a production
+// build) must report duplicates of addresses and of ports. Both are
+// certain: the first attachments of two hosts ask for one static address
+// and one static port, and the broken store holds each plugin's commit at a
+// barrier the suite serves until both hosts' plugins have read the store.
 //
 // `make test` runs the short form (a few hundred calls, one cycle of each
 // fault); `make chaos` the full one (10 000 calls, faults in cycles until
