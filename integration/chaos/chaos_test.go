@@ -149,8 +149,8 @@ func TestChaosCatchesBrokenAllocator(t *testing.T) {
 }
 
 // startBarrier serves a barrier for n plugin processes on a unix socket
-// (package broken's protocol): each connects at its gated commit and says
-// it arrived; once n have, each is told "go". It returns the socket's path.
+// (package broken's protocol): each connects at its gated commit, which is
+// its arrival; once n have, each is told "go". It returns the socket's path.
 // A plugin that waits longer than its own timeout fails its call (the
 // first steps report it).
 func startBarrier(t *testing.T, n int) string {
