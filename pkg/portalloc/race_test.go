@@ -15,7 +15,8 @@ import (
 )
 
 // runCommitRace: two requests for one dynamic port read the store before
-// either commits (commitBarrier), on a range of one port (the loser finds
+// either commits (storetest.Barrier on the commits that write a port's key;
+// a first use's index build passes), on a range of one port (the loser finds
 // it exhausted) and of two ports (both endpoints start their search at the
 // same number: the loser retries onto the other), in ingress mode (two
 // hosts) and host mode (two endpoints of one host). Only the commit's
@@ -28,7 +29,7 @@ func runCommitRace(t *testing.T, st store.Store) {
 			t.Run(fmt.Sprintf("%s/range %d", mode, size), func(t *testing.T) {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 				defer cancel()
-				b := storetest.NewBarrier(st, 2, nil)
+				b := storetest.NewBarrier(st, 2, storetest.Writing(prefixAddr))
 				hosts := []string{"h1", "h2"}
 				if mode == Host {
 					hosts[1] = "h1" // host ports are unique per host
