@@ -473,26 +473,14 @@ func setupHostAck(fs *flag.FlagSet, env Env) run {
 	}
 }
 
-// InvPorts names the findings of check about published ports.
-const InvPorts = "ports"
-
 func setupCheck(fs *flag.FlagSet, env Env) run {
 	return func(ctx context.Context, c *Ctl, s Settings, pos []string) (any, func(io.Writer), int, error) {
 		if err := wantArgs(pos, 0, ""); err != nil {
 			return nil, nil, 0, err
 		}
-		v, err := c.Pool.Audit(ctx)
+		v, err := c.Check(ctx)
 		if v == nil {
 			v = []pool.Violation{}
-		}
-		if err == nil {
-			// Published ports: records and addresses agree, holders obey
-			// the publishing rules (pkg/portalloc Audit).
-			var findings []string
-			findings, err = portalloc.Audit(ctx, c.Pool.Store())
-			for _, f := range findings {
-				v = append(v, pool.Violation{Invariant: InvPorts, Detail: f})
-			}
 		}
 		code := ExitOK
 		if len(v) > 0 {

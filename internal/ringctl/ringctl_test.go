@@ -694,7 +694,7 @@ func TestCheckAuditsPublishedPorts(t *testing.T) {
 	}
 	st.Close()
 	out.Reset()
-	want := "ports: tcp/8080 is held in ingress mode by port/net/web/eth0, whose record" // wrapped after
+	want := "port-records: tcp/8080 is held in ingress mode by port/net/web/eth0, whose" // wrapped after
 	if code := Main([]string{"check"}, env); code != ExitFindings || !strings.Contains(out.String(), want) {
 		t.Fatalf("check with a leaked port: exit %d, want %d and %q in\n%s%s", code, ExitFindings, want, out.String(), errb.String())
 	}

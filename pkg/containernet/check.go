@@ -3,14 +3,26 @@ package containernet
 import (
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/ringipam/ringipam/pkg/pool"
 )
 
+// The invariants CheckNet checks (Violation.Invariant): the seed's names,
+// and two of this package.
+const (
+	InvContainerNet  = "ContainerNet"  // ip ∈ subnet, ip ≠ gw, gw ∉ subnet
+	InvCNetValid     = "CNetValid"     // CNetPooled ∨ CNetSubnet
+	InvCNetPairValid = "CNetPairValid" // distinct ips and gateways; subnets equal or disjoint
+	InvAddrsDistinct = "AddrsDistinct" // no container's gateway is another's ip
+	InvDecode        = "Decode"        // the owner's addresses make one container network
+)
+
 // Violation is one broken invariant found by CheckNet. It wraps ErrViolation.
 type Violation struct {
-	Invariant string       // CNetValid, CNetPairValid, ContainerNet, AddrsDistinct, Decode
+	Invariant string       // one of the Inv* constants
 	Owners    []pool.Owner // the container, or the pair
 	Detail    string
 }
@@ -50,31 +62,31 @@ func CheckNet(s State) error {
 	}
 	for _, c := range s.Containers {
 		if c.Problem != "" {
-			add("Decode", c.Problem, c.Owner)
+			add(InvDecode, c.Problem, c.Owner)
 		}
 		if _, err := c.Net(); err != nil {
-			add("ContainerNet", err.Error(), c.Owner)
+			add(InvContainerNet, err.Error(), c.Owner)
 		}
 		pooled := cnetPooled(s, c)
 		subnet := cnetSubnet(s, c)
 		if pooled != "" && subnet != "" {
-			add("CNetValid", "neither CNetPooled ("+pooled+") nor CNetSubnet ("+subnet+")", c.Owner)
+			add(InvCNetValid, "neither CNetPooled ("+pooled+") nor CNetSubnet ("+subnet+")", c.Owner)
 		}
 	}
 	for i, c1 := range s.Containers {
 		for _, c2 := range s.Containers[i+1:] {
 			pair := []pool.Owner{c1.Owner, c2.Owner}
 			if c1.IP == c2.IP {
-				add("CNetPairValid", fmt.Sprintf("both have ip %s", c1.IP), pair...)
+				add(InvCNetPairValid, fmt.Sprintf("both have ip %s", c1.IP), pair...)
 			}
 			if c1.GW == c2.GW {
-				add("CNetPairValid", fmt.Sprintf("both have gateway %s", c1.GW), pair...)
+				add(InvCNetPairValid, fmt.Sprintf("both have gateway %s", c1.GW), pair...)
 			}
 			if c1.Subnet != c2.Subnet && c1.Subnet.Overlaps(c2.Subnet) {
-				add("CNetPairValid", fmt.Sprintf("subnets %s and %s overlap without being equal", c1.Subnet, c2.Subnet), pair...)
+				add(InvCNetPairValid, fmt.Sprintf("subnets %s and %s overlap without being equal", c1.Subnet, c2.Subnet), pair...)
 			}
 			if c1.IP.IsValid() && c1.IP == c2.GW || c2.IP.IsValid() && c2.IP == c1.GW {
-				add("AddrsDistinct", "one's ip is the other's gateway", pair...)
+				add(InvAddrsDistinct, "one's ip is the other's gateway", pair...)
 			}
 		}
 	}
@@ -107,4 +119,70 @@ func cnetSubnet(s State, c Record) string {
 		return fmt.Sprintf("gateway %v is not allocated in pool %s", c.GW, s.Pool.Name)
 	}
 	return ""
+}
+
+// PoolViolation is a violation CheckStore found in one main pool.
+type PoolViolation struct {
+	Pool string // the main pool
+	*Violation
+}
+
+// CheckStore applies CheckNet to every main pool of a whole store, given
+// every pool definition (special subnet pools included) and every owner
+// record it holds (pool.Allocator.Records), and returns the violations
+// found, main pool by main pool (at most 32 each). A main pool is one this
+// package creates container networks in: a pool that is not a special
+// subnet pool, in which an owner holds a gateway (pool.RoleGateway) or
+// which has a special subnet pool. Pools of the shared-gateway mode hold
+// no gateway and are not container networks of the seed: they are left
+// alone. As for Check, every owner holding an address of a main pool is a
+// container of it.
+func CheckStore(defs []pool.Def, allocs []pool.Allocation) []PoolViolation {
+	byName := map[string]pool.Def{}
+	main := map[string]bool{}
+	for _, d := range defs {
+		byName[d.Name] = d
+		if m, _, ok := strings.Cut(d.Name, specialInfix); ok {
+			main[m] = true
+		}
+	}
+	for _, a := range allocs {
+		for _, x := range a.Addrs {
+			if x.Role == pool.RoleGateway {
+				main[x.Pool] = true
+			}
+		}
+	}
+	subnetOf := func(name string) (netip.Prefix, bool) {
+		d, ok := byName[name]
+		if !ok || len(d.Ranges) != 1 {
+			return netip.Prefix{}, false
+		}
+		return d.Ranges[0].Subnet, true
+	}
+	var names []string
+	for name := range main {
+		if _, ok := byName[name]; ok && !strings.Contains(name, specialInfix) {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	var out []PoolViolation
+	for _, name := range names {
+		err := CheckNet(StateOf(byName[name], allocs, subnetOf))
+		if err == nil {
+			continue
+		}
+		errs := []error{err}
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			errs = j.Unwrap()
+		}
+		for _, e := range errs {
+			var v *Violation
+			if errors.As(e, &v) {
+				out = append(out, PoolViolation{Pool: name, Violation: v})
+			}
+		}
+	}
+	return out
 }

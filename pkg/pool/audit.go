@@ -327,3 +327,41 @@ func describeHolder(owner string) string {
 	}
 	return owner
 }
+
+// Records returns every readable, valid pool definition and every
+// readable owner record of the store, for audits that look past the
+// pool's own invariants (pkg/containernet's, the holders of published
+// ports); what cannot be read is left out (Audit reports it).
+func (a *Allocator) Records(ctx context.Context) ([]Def, []Allocation, error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	if err := a.ensureLayout(ctx); err != nil {
+		return nil, nil, err
+	}
+	defKVs, err := a.st.Scan(ctx, prefixDef, store.PrefixEnd(prefixDef), 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	var defs []Def
+	for _, kv := range defKVs {
+		d, err := parseDef(strings.TrimPrefix(kv.Key, prefixDef), kv.Value)
+		if err != nil {
+			continue
+		}
+		if d, err = d.Normalize(); err == nil {
+			defs = append(defs, d)
+		}
+	}
+	ownerKVs, err := a.st.Scan(ctx, prefixOwner, store.PrefixEnd(prefixOwner), 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	var recs []Allocation
+	for _, kv := range ownerKVs {
+		var rec Allocation
+		if json.Unmarshal(kv.Value, &rec) == nil && ownerKeyOf(rec.Owner.String()) == kv.Key {
+			recs = append(recs, rec)
+		}
+	}
+	return defs, recs, nil
+}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
 )
@@ -31,7 +32,7 @@ func TestAudit(t *testing.T) {
 	if _, err := h1.Release(ctx, ep("gone")); err != nil {
 		t.Fatal(err)
 	}
-	if got, err := Audit(ctx, st); err != nil || got != nil {
+	if got, err := Audit(ctx, st, Holders{}); err != nil || got != nil {
 		t.Fatalf("audit of what the allocators wrote: %q %v, want nothing", got, err)
 	}
 
@@ -66,9 +67,13 @@ func TestAudit(t *testing.T) {
 	put(addrKey(Address{"tcp", 4040}), []byte("{not json"))
 	put("p/a/tcp/notanumber", AddrState{Ingress: "port/net/a/eth0"})
 
-	got, err := Audit(ctx, st)
+	findings, err := Audit(ctx, st, Holders{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range findings {
+		got = append(got, f.String())
 	}
 	want := []string{
 		"key p/a/tcp/notanumber names no address",
@@ -100,5 +105,106 @@ func TestAudit(t *testing.T) {
 		if strings.Contains(g, "dns/eth0") || strings.Contains(g, "dns2/eth0 on host h2 is held") {
 			t.Errorf("finding about a binding that is in order: %s", g)
 		}
+	}
+}
+
+// Each invariant of Audit, on a store the allocators wrote and one record
+// then corrupted by hand: the finding names the invariant, and the clean
+// store has none (with the holders known).
+func TestAuditInvariants(t *testing.T) {
+	ctx := context.Background()
+	web, dns := ep("web"), ep("dns")
+	known := Holders{
+		Hosts:       map[string]bool{"h1": true, "h2": true},
+		Attachments: map[EndpointID]string{web: "h1", dns: "h2", ep("idle"): "h2"},
+	}
+	setup := func(t *testing.T) store.Store {
+		t.Helper()
+		st := memory.New()
+		h1, _ := New(st, "h1", WithDynamicRange(30000, 30009))
+		h2, _ := New(st, "h2", WithDynamicRange(30000, 30009))
+		if _, err := h1.Allocate(ctx, web, []Port{{Mode: Ingress, Protocol: "tcp", Number: 8080}}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h2.Allocate(ctx, dns, []Port{{Mode: Host, Protocol: "udp", Number: 53}}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := Audit(ctx, st, known); err != nil || got != nil {
+			t.Fatalf("audit of what the allocators wrote: %q %v, want nothing", got, err)
+		}
+		return st
+	}
+	put := func(t *testing.T, st store.Store, key string, v any) {
+		t.Helper()
+		b, _ := json.Marshal(v)
+		if err := st.Commit(ctx, nil, []store.Op{store.Put(key, b)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name, inv, want string
+		holders         Holders
+		corrupt         func(t *testing.T, st store.Store)
+	}{
+		{"second ingress record", InvClash, "tcp/8080 is held in ingress mode by both port/net/idle/eth0 (host h2) and port/net/web/eth0 (host h1)", known,
+			func(t *testing.T, st store.Store) {
+				p := Port{Mode: Ingress, Protocol: "tcp", Number: 8080}
+				put(t, st, endpointKey(ep("idle")), Endpoint{Kind: Kind, Host: "h2", Spec: []Port{p}, Ports: []Port{p}})
+			}},
+		{"ingress shadows a host port", InvClash, "udp/53 is held in ingress mode by port/net/idle/eth0 and in host mode by port/net/dns/eth0 on host h2", known,
+			func(t *testing.T, st store.Store) {
+				p := Port{Mode: Ingress, Protocol: "udp", Number: 53}
+				// Only the record says so: the address lists dns alone.
+				put(t, st, endpointKey(ep("idle")), Endpoint{Kind: Kind, Host: "h1", Spec: []Port{p}, Ports: []Port{p}})
+			}},
+		{"one record claims an address twice", InvClash, "endpoint port/net/web/eth0 claims tcp/8080 twice", known,
+			func(t *testing.T, st store.Store) {
+				p := Port{Mode: Ingress, Protocol: "tcp", Number: 8080}
+				put(t, st, endpointKey(web), Endpoint{Kind: Kind, Host: "h1", Spec: []Port{p, p}, Ports: []Port{p, p}})
+			}},
+		{"address lost", InvRecords, "endpoint port/net/web/eth0 claims ingress tcp/8080, which its address does not list", known,
+			func(t *testing.T, st store.Store) {
+				if err := st.Commit(ctx, nil, []store.Op{store.Delete(addrKey(Address{"tcp", 8080}))}); err != nil {
+					t.Fatal(err)
+				}
+			}},
+		{"unknown host", InvHolder, "endpoint port/net/dns/eth0 is published on host h2, which the store does not know", Holders{Hosts: map[string]bool{"h1": true}},
+			func(t *testing.T, st store.Store) {}},
+		{"attachment on another host", InvHolder, "endpoint port/net/dns/eth0 is published on host h2, but its attachment's addresses are held on host h1",
+			Holders{Hosts: known.Hosts, Attachments: map[EndpointID]string{web: "h1", dns: "h1"}},
+			func(t *testing.T, st store.Store) {}},
+		{"attachment gone", InvHolder, "endpoint port/net/dns/eth0 holds ports, but network net has no attachment dns/eth0", Holders{Hosts: known.Hosts, Attachments: map[EndpointID]string{web: "h1"}},
+			func(t *testing.T, st store.Store) {}},
+		{"unreadable record", InvCorrupt, "endpoint port/net/web/eth0: stored record is corrupt", known,
+			func(t *testing.T, st store.Store) {
+				if err := st.Commit(ctx, nil, []store.Op{store.Put(endpointKey(web), []byte("{"))}); err != nil {
+					t.Fatal(err)
+				}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := setup(t)
+			tc.corrupt(t, st)
+			got, err := Audit(ctx, st, tc.holders)
+			if err != nil {
+				t.Fatal(err)
+			}
+			found := false
+			for _, f := range got {
+				found = found || f.Invariant == tc.inv && strings.Contains(f.Detail, tc.want)
+			}
+			if !found {
+				t.Fatalf("no %s finding containing %q in %q", tc.inv, tc.want, got)
+			}
+			t.Logf("%q", got)
+		})
+	}
+}
+
+// The invariant that every record can be read has one name in the whole
+// of ringctl check.
+func TestAuditCorruptIsThePoolsName(t *testing.T) {
+	if InvCorrupt != pool.InvCorrupt {
+		t.Fatalf("portalloc.InvCorrupt %q, pool.InvCorrupt %q", InvCorrupt, pool.InvCorrupt)
 	}
 }
