@@ -23,6 +23,7 @@ import (
 	rc "github.com/ringipam/ringipam/internal/ringctl"
 	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
@@ -383,8 +384,10 @@ func writeFile(t *testing.T, path string, b []byte) {
 	}
 }
 
-// 2. check passes on a healthy store and reports each violation on a store
-// corrupted on purpose, one subtest per invariant, each through the binary.
+// 2. check passes on a healthy store (addresses, published ports and
+// container networks, all made by the real plugins) and reports each
+// violation on a store corrupted on purpose, one subtest per invariant,
+// each through the binary.
 // The corruptions write the documented store layout (docs/DESIGN-NOTES.md)
 // directly, as a bug or a hand edit would.
 func TestCheck(t *testing.T) {
@@ -438,7 +441,43 @@ func TestCheck(t *testing.T) {
 		{pool.InvCorrupt, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
 			put(t, st, "o/cni/rcnet/broken/eth0", "{not json")
 		}},
+		// Published ports (the real portmap-ingress published them in the
+		// healthy store: see below).
+		{portalloc.InvRecords, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			// node-a-0's ingress port loses its address record.
+			if err := st.Commit(context.Background(), nil, []store.Op{store.Delete("p/a/tcp/08080")}); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{portalloc.InvClash, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			// An endpoint record alone claims, in ingress mode, the address
+			// node-b-0 publishes in host mode.
+			put(t, st, "p/e/rcnet/node-c-1/eth0", `{"kind":"port","host":"node-c","spec":[{"mode":"ingress","protocol":"udp","published":5353}],"ports":[{"mode":"ingress","protocol":"udp","published":5353}]}`)
+		}},
+		{portalloc.InvHolder, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			// Record and address agree on a host the store does not know,
+			// not the host of the attachment's addresses.
+			editJSON(t, st, "p/e/rcnet/node-a-0/eth0", func(m map[string]any) { m["host"] = "node-z" })
+			editJSON(t, st, "p/a/tcp/08080", func(m map[string]any) { m["ih"] = "node-z" })
+		}},
+		// Container networks (the real ipam-ring made them, per-container
+		// gateways, one from the pool and two in a special subnet).
+		{rc.InvCNetValid, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			// cn-0's gateway is its own ip.
+			editJSON(t, st, "o/cni/"+cnNetwork+"/cn-0/eth0", func(rec map[string]any) {
+				setAddrOfRole(rec, "gw", addrs["cn-0"][0])
+			})
+		}},
+		{rc.InvCNetPair, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
+			// cn-2's gateway record names cn-1's gateway.
+			editJSON(t, st, "o/cni/"+cnNetwork+"/cn-2/eth0", func(rec map[string]any) {
+				setAddrOfRole(rec, "gw", addrs["cn-1"][1])
+			})
+		}},
 	}
+	lab := netns.New(t, "rckl")
+	lab.MustRun(t, "ip", "link", "set", "lo", "up")
+	relay := relayInto(t, lab, strings.TrimPrefix(etcd.Endpoints()[0], "http://"))
 	for _, tc := range cases {
 		t.Run(tc.invariant, func(t *testing.T) {
 			c := &cluster{etcd: etcd, prefix: "/" + netns.Unique("rck-") + "/"}
@@ -448,6 +487,17 @@ func TestCheck(t *testing.T) {
 					ctr := fmt.Sprintf("%s-%d", h, i)
 					addrs[ctr] = c.add(t, h, ctr, "", nil)
 				}
+			}
+			// Published ports, by the real portmap-ingress: an ingress, a
+			// host-mode and a dynamic ingress port.
+			c.publish(t, lab, relay, "node-a", "node-a-0", addrs["node-a-0"][0], map[string]any{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "mode": "ingress"})
+			c.publish(t, lab, relay, "node-b", "node-b-0", addrs["node-b-0"][0], map[string]any{"hostPort": 5353, "containerPort": 53, "protocol": "udp"})
+			c.publish(t, lab, relay, "node-c", "node-c-0", addrs["node-c-0"][0], map[string]any{"hostPort": 0, "containerPort": 80, "protocol": "tcp", "mode": "ingress"})
+			// Container networks with their own gateways, by the real
+			// ipam-ring: ip and gateway of each.
+			for i, args := range []string{"", "SUBNET=10.99.0.0/24;IP=10.99.0.5", "SUBNET=10.99.0.0/24;IP=10.99.0.6"} {
+				ctr := fmt.Sprintf("cn-%d", i)
+				addrs[ctr] = c.addCNet(t, "node-c", ctr, args)
 			}
 			if out := c.ok(t, "check"); out != "ok: every invariant holds\n" {
 				t.Fatalf("check of a healthy store:\n%s", out)
@@ -485,6 +535,37 @@ func TestCheck(t *testing.T) {
 			}
 			t.Logf("ringctl check:\n%s", r.stdout)
 		})
+	}
+}
+
+// cnNetwork is the network of TestCheck's container networks: gateway
+// mode per-container, one IPv4 range set.
+const cnNetwork = "rccn"
+
+// addCNet runs the real ipam-ring's ADD for ctr on cnNetwork and returns
+// the container's ip and its gateway.
+func (c *cluster) addCNet(t *testing.T, host, ctr, cniArgs string) []string {
+	t.Helper()
+	ipam := c.ipam(host, map[string]any{"gatewayMode": "per-container", "ranges": [][]map[string]string{{{"subnet": "198.18.21.0/24"}}}})
+	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": cnNetwork, "type": "ptp", "ipam": ipam})
+	var r struct {
+		IPs []struct {
+			Address string `json:"address"`
+			Gateway string `json:"gateway"`
+		} `json:"ips"`
+	}
+	if err := json.Unmarshal(ipamExec(t, "ADD", conf, ctr, cniArgs), &r); err != nil || len(r.IPs) != 1 || r.IPs[0].Gateway == "" {
+		t.Fatalf("per-container ADD of %s: %+v %v", ctr, r, err)
+	}
+	return []string{strings.Split(r.IPs[0].Address, "/")[0], r.IPs[0].Gateway}
+}
+
+// setAddrOfRole sets the address of the owner record's entry of role.
+func setAddrOfRole(rec map[string]any, role, addr string) {
+	for _, x := range rec["addrs"].([]any) {
+		if x := x.(map[string]any); x["role"] == role {
+			x["addr"] = addr
+		}
 	}
 }
 
