@@ -51,7 +51,10 @@
 // allocated set): CNetValid (CNetPooled ∨ CNetSubnet) for every container
 // and CNetPairValid for every pair, plus one invariant the seed leaves
 // implicit (no address is both one container's ip and another's gateway).
-// Manager.Check applies it to what the store holds. The exhaustive model
+// Manager.Check applies it to what the store holds for one main pool;
+// CheckStore to every main pool of a whole store (ringctl check: pools
+// in which an owner holds a gateway, or that have a special subnet pool).
+// The exhaustive model
 // check in this package's tests runs the Manager itself (its planning,
 // decoding and error paths) over a nondeterministic model of the pool, so
 // the model cannot drift from the code.

@@ -72,5 +72,8 @@
 // edge. Stored allocations are re-validated when read: a port an endpoint
 // record claims that its address does not list, or a record whose ports do
 // not fit its spec, is reported (Result.Findings) and not recovered from;
-// a port its address does not list is not released either.
+// a port its address does not list is not released either. Audit checks
+// the whole of p/e/ and p/a/ (ringctl check): the records agree both ways,
+// no two holders break the mode rules, and every endpoint's holder exists
+// (Holders: the hosts and attachments the IPAM knows).
 package portalloc
