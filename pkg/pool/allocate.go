@@ -96,6 +96,9 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 		return Allocation{}, err
 	}
 	for _, h := range p.handoffs {
+		if a.broken.skipStrays {
+			break
+		}
 		if err := a.returnStrays(ctx, h); err != nil {
 			// The allocation stands; only ring bookkeeping is late.
 			// Check reports it and the next claim in the pool retries.
@@ -415,7 +418,12 @@ func (a *Allocator) plan(ctx context.Context, s *snapshot, req Request, useHint 
 	}
 	for _, t := range s.pools {
 		t.host.Seen = a.now().Unix()
-		p.require(store.Unchanged(t.ringKV), store.Unchanged(t.hostKV))
+		if !a.broken.noRingCond {
+			p.require(store.Unchanged(t.ringKV))
+		}
+		if !a.broken.noHostCond {
+			p.require(store.Unchanged(t.hostKV))
+		}
 		if t.ringChanged {
 			b := encodeTokens(t.ring.tokens)
 			p.write(store.Put(ringKey(t.name), b))
@@ -559,7 +567,7 @@ func (a *Allocator) pickStatic(ctx context.Context, t *poolTxn, addr netip.Addr,
 	}
 	// The address key's condition (absent, or the hold as read), added by
 	// the caller, is all it takes to move one address safely.
-	if tok := t.ring.ownerOf(v); tok.Host != a.host || tok.Tomb {
+	if tok := t.ring.ownerOf(v); tok.Host != a.host || tok.Tomb && !a.broken.ignoreTombs {
 		t.ring = t.ring.assign(v, v, a.host)
 		t.ringChanged = true
 	}
@@ -570,7 +578,7 @@ func (a *Allocator) pickStatic(ctx context.Context, t *poolTxn, addr netip.Addr,
 // cursor, wrapping around: round robin. An address whose hold has ended is
 // free.
 func (a *Allocator) pickDynamic(ctx context.Context, t *poolTxn) (u128, store.KV, error) {
-	spans := t.ring.ownedBy(a.host, t.segs)
+	spans := t.ring.spansOf(a.host, t.segs, a.broken.ignoreTombs)
 	if len(spans) == 0 {
 		return u128{}, store.KV{}, errNeedSpace{t.name}
 	}

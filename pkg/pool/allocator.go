@@ -34,6 +34,20 @@ type Allocator struct {
 	// layoutOK is set once a read saw this code's store layout, so later
 	// reads need not ask again (see get).
 	layoutOK atomic.Bool
+	// broken is always the zero value in the product; the model checks
+	// (model_test.go) switch one guard off at a time to show they catch it.
+	broken faults
+}
+
+// faults are the broken variants of the ring and reclaim protocols, each
+// one guard switched off (as portalloc.Rules switches off the corrections
+// of seed 000). The zero value is the product; only tests set a field.
+type faults struct {
+	noRingCond  bool // an allocation commits without requiring the ring unchanged
+	noHostCond  bool // allocations and releases commit without requiring the host state unchanged
+	noLiveCond  bool // reclaim commits without requiring the liveness key as read
+	skipStrays  bool // Allocate does not hand strays back after a claim
+	ignoreTombs bool // tombstones are ignored: a host's tombstoned ranges are its own, a tombstoned range is claimed whole
 }
 
 // DefaultReservationHold is how long a released address stays held for its

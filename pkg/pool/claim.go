@@ -62,7 +62,7 @@ func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring)
 		if err != nil {
 			return ring{}, nil, err
 		}
-		if len(held) == 0 {
+		if len(held) == 0 || a.broken.ignoreTombs {
 			return r.assign(s.lo, s.hi, a.host), nil, nil
 		}
 		tombs = append(tombs, clipped...)

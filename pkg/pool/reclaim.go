@@ -85,6 +85,9 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 	if err != nil {
 		return rep, err
 	}
+	if a.broken.noLiveCond {
+		guard = nil
+	}
 	defs, err := a.st.Scan(ctx, prefixDef, store.PrefixEnd(prefixDef), 0)
 	if err != nil {
 		return rep, err

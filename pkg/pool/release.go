@@ -399,7 +399,9 @@ func (a *Allocator) releaseCommit(owners []ownerRead, known map[string]store.KV,
 			hs.Seen = a.now().Unix()
 			ownPools = append(ownPools, pool)
 		}
-		conds = append(conds, store.Cond{Key: hk, Revision: kv.Revision})
+		if !a.broken.noHostCond {
+			conds = append(conds, store.Cond{Key: hk, Revision: kv.Revision})
+		}
 		ops = append(ops, store.Put(hk, encodeHostState(hs)))
 	}
 	return conds, ops, ownPools, nil

@@ -63,10 +63,14 @@ func (r ring) indexAt(v u128) int {
 func (r ring) ownerOf(v u128) token { return r.tokens[r.indexAt(v)] }
 
 // ownedBy returns host's live spans clipped to the allocatable segments.
-func (r ring) ownedBy(host string, segs []span) []span {
+func (r ring) ownedBy(host string, segs []span) []span { return r.spansOf(host, segs, false) }
+
+// spansOf returns host's spans clipped to the segments, its tombstoned
+// ones too when withTombs (never in the product: faults.ignoreTombs).
+func (r ring) spansOf(host string, segs []span, withTombs bool) []span {
 	var out []span
 	for i, t := range r.tokens {
-		if t.Host != host || t.Tomb {
+		if t.Host != host || t.Tomb && !withTombs {
 			continue
 		}
 		out = append(out, clip(r.spanOf(i), segs)...)
