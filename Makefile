@@ -66,10 +66,13 @@ unit:
 	$(GO) test -race -skip '^TestModelCheck' ./...
 
 # The port allocator's check is single-threaded pure code: it runs without
-# -race, which would only make it six times slower.
+# -race, which would only make it six times slower. So do the ring's and the
+# reclaim's (pkg/pool): their operations run one at a time, each in a
+# goroutine the checker waits for; their traces and findings are shown.
 model-check:
 	$(GO) test -race -run '^TestModelCheck' -v ./pkg/containernet/ | grep -E -- '^(--- |ok|FAIL|PASS)|model check'
 	$(GO) test -run '^TestModelCheck' -v ./pkg/portalloc/ | grep -E -- '^(--- |ok|FAIL|PASS)|model check|caught after'
+	$(GO) test -timeout 20m -run '^TestModelCheck' -v ./pkg/pool/ | grep -E -- '^(--- |ok|FAIL|PASS)|model check|^ {8}'
 
 # The run is summarised per package (passed, failed, skipped); a suite under
 # integration/ that ran no test fails the target, as does any failure.

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -184,7 +185,23 @@ type pstore struct {
 	liveErr error
 }
 
-func callString(kind string, args ...any) string { return fmt.Sprint(kind, args) }
+// callString names a store call by its kind and keys (cheap: it is
+// built for every call of every replay).
+func callString(kind string, keys ...string) string {
+	return kind + " " + strings.Join(keys, " ")
+}
+
+func commitCall(conds []store.Cond, ops []store.Op) string {
+	var b strings.Builder
+	b.WriteString("commit")
+	for _, c := range conds {
+		b.WriteString(" ?" + c.Key)
+	}
+	for _, o := range ops {
+		b.WriteString(" !" + o.Key)
+	}
+	return b.String()
+}
 
 func (p *pstore) replay(call string) (logEntry, bool) {
 	if p.pos >= len(p.log) {
@@ -220,15 +237,15 @@ func (p *pstore) read(call string, f func() []store.KV) []store.KV {
 }
 
 func (p *pstore) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
-	return p.read(callString("get", keys), func() []store.KV { return p.m.get(keys) }), nil
+	return p.read(callString("get", keys...), func() []store.KV { return p.m.get(keys) }), nil
 }
 
 func (p *pstore) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
-	return p.read(callString("scan", from, to, limit), func() []store.KV { return p.m.scan(from, to, limit) }), nil
+	return p.read(callString("scan", from, to, strconv.Itoa(limit)), func() []store.KV { return p.m.scan(from, to, limit) }), nil
 }
 
 func (p *pstore) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
-	call := callString("commit", conds, ops)
+	call := commitCall(conds, ops)
 	if e, ok := p.replay(call); ok {
 		if e.err {
 			return fmt.Errorf("%w: (replayed)", store.ErrConflict)
@@ -392,6 +409,9 @@ type result struct {
 	elapsed     time.Duration
 }
 
+// findingPrefix marks what a check returns for a finding, not a violation.
+const findingPrefix = "finding: "
+
 // finding is a known behaviour the check counts and shows (not a
 // violation): how many states show it and a shortest trace to one.
 type finding struct {
@@ -427,11 +447,11 @@ func (e *explorer) trace(n int32, last string) []string {
 	return out
 }
 
-// find records a finding in state node n.
-func (e *explorer) find(name string, n int32, detail string) {
+// find records a finding in state node n (after step last, if any).
+func (e *explorer) find(name string, n int32, last, detail string) {
 	f := e.res.findings[name]
 	if f == nil {
-		f = &finding{trace: e.trace(n, "")}
+		f = &finding{trace: e.trace(n, last)}
 		if detail != "" {
 			f.trace = append(f.trace, "=> "+detail)
 		}
@@ -458,7 +478,7 @@ func (m *model) explore(t testing.TB, maxStates int) *result {
 			return false
 		}
 		if len(s.procs) == 0 && m.quiescent != nil {
-			if v := m.quiescent(m, s, func(name, detail string) { e.find(name, id, detail) }); v != "" {
+			if v := m.quiescent(m, s, func(name, detail string) { e.find(name, id, "", detail) }); v != "" {
 				res.violation, res.trace = v, e.trace(id, "")
 				return false
 			}
@@ -476,7 +496,12 @@ func (m *model) explore(t testing.TB, maxStates int) *result {
 			e.cur = ids[i]
 			for _, tr := range m.successors(t, s) {
 				res.transitions++
-				if v := m.check(m, tr.after, &tr.transition); v != "" {
+				v := m.check(m, tr.after, &tr.transition)
+				if name, ok := strings.CutPrefix(v, findingPrefix); ok {
+					e.find(name, ids[i], tr.label, "")
+					v = ""
+				}
+				if v != "" {
 					res.violation, res.trace = v, e.trace(ids[i], tr.label)
 					res.states, res.elapsed = len(e.nodes), time.Since(start)
 					return res
@@ -613,24 +638,31 @@ func (m *model) hash(s *mstate) [16]byte {
 	}
 	procs := make([]string, len(s.procs))
 	for i, p := range s.procs {
-		var sb strings.Builder
-		fmt.Fprintf(&sb, "%d/%d/%v/%v/%v/", p.op, p.place, p.commits > 0, p.fenced, p.moved)
+		sb := make([]byte, 0, 1024)
+		sb = binary.LittleEndian.AppendUint64(sb, uint64(p.op))
+		sb = append(sb, byte(p.place), boolByte(p.commits > 0), boolByte(p.fenced), byte(len(p.moved)))
+		for _, v := range p.moved {
+			sb = binary.LittleEndian.AppendUint64(sb, v)
+		}
 		for _, e := range p.log {
-			fmt.Fprintf(&sb, "%v[", e.err)
+			sb = append(sb, '[', boolByte(e.err))
 			for _, kv := range e.kvs {
-				rel := "a"
+				rel := byte('a')
 				switch cur := s.st.data[kv.Key].rev; {
 				case kv.Revision == 0:
 				case cur == kv.Revision:
-					rel = "c"
+					rel = 'c'
 				default:
-					rel = "s"
+					rel = 's'
 				}
-				sb.WriteString(kv.Key + "=" + string(kv.Value) + "@" + rel + ";")
+				sb = append(sb, kv.Key...)
+				sb = append(sb, 0, rel)
+				sb = binary.LittleEndian.AppendUint32(sb, uint32(len(kv.Value)))
+				sb = append(sb, kv.Value...)
 			}
-			sb.WriteString("]")
+			sb = append(sb, ']')
 		}
-		procs[i] = sb.String()
+		procs[i] = string(sb)
 	}
 	slices.Sort(procs)
 	for _, p := range procs {
@@ -696,4 +728,11 @@ func (s *mstate) pruneStrays() {
 	}
 	slices.Sort(keep)
 	s.strays = slices.Compact(keep)
+}
+
+func boolByte(b bool) byte {
+	if b {
+		return 1
+	}
+	return 0
 }
