@@ -28,6 +28,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/ringipam/ringipam/pkg/names"
 	"io"
 	"os"
 	"runtime"
@@ -271,7 +272,7 @@ func validateConfig(data []byte, fields confFields) *types.Error {
 	if name == "" {
 		return types.NewError(types.ErrInvalidNetworkConfig, "missing network name", "")
 	}
-	if !validName(name) {
+	if !names.IsCNIName(name) {
 		return types.NewError(types.ErrInvalidNetworkConfig, "invalid characters found in network name", name)
 	}
 	return nil
@@ -286,21 +287,8 @@ func networkName(data []byte) (string, error) {
 	return conf.Name, err
 }
 
-// validName is the CNI rule for container IDs and network names: a letter
-// or digit, then letters, digits, '_', '.' or '-'.
-func validName(s string) bool {
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if !alnum && (i == 0 || c != '_' && c != '.' && c != '-') {
-			return false
-		}
-	}
-	return s != ""
-}
-
 func validateContainerID(id string) *types.Error {
-	if !validName(id) {
+	if !names.IsCNIName(id) {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, "invalid characters in containerID", id)
 	}
 	return nil

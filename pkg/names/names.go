@@ -76,10 +76,10 @@ func (e *Error) Unwrap() error { return ErrInvalid }
 
 const cniRule = "must be a letter or digit followed by letters, digits, '_', '.' or '-'"
 
-// cniName reports whether s is a CNI name: a letter or digit, then
+// IsCNIName reports whether s is a CNI name: a letter or digit, then
 // letters, digits, '_', '.' or '-' (libcni's rule for network names and
 // container IDs).
-func cniName(s string) bool {
+func IsCNIName(s string) bool {
 	for i := 0; i < len(s); i++ {
 		c := s[i]
 		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
@@ -96,7 +96,7 @@ func checkCNI(field, s string) error {
 		return &Error{field, s, "is empty"}
 	case len(s) > MaxLen:
 		return &Error{field, s, fmt.Sprintf("is %d bytes long, more than %d", len(s), MaxLen)}
-	case !cniName(s):
+	case !IsCNIName(s):
 		return &Error{field, s, cniRule}
 	}
 	return nil
@@ -146,7 +146,7 @@ func Reservation(s string) error {
 		return &Error{FieldReservation, s, fmt.Sprintf("is %d bytes long, more than %d", len(s), MaxLen)}
 	}
 	for _, part := range strings.Split(s, "/") {
-		if !cniName(part) {
+		if !IsCNIName(part) {
 			return &Error{FieldReservation, s, "must be one or more names joined by '/' (namespace/name), each " + cniRule}
 		}
 	}
