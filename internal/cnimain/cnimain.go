@@ -28,7 +28,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/ringipam/ringipam/pkg/names"
 	"io"
 	"os"
 	"runtime"
@@ -42,6 +41,7 @@ import (
 
 	"github.com/ringipam/ringipam/internal/jsonscan"
 	"github.com/ringipam/ringipam/internal/oneproc"
+	"github.com/ringipam/ringipam/pkg/names"
 )
 
 // MaxStdin is the largest network configuration a plugin accepts: far above
