@@ -10,6 +10,13 @@
 // A revision of 0 means "absent". Revisions only grow. A Cond with Revision 0
 // therefore means "this key must not exist".
 //
+// Range conditions: a Cond with End set means "no key k with Key <= k < End
+// exists" (byte order, as Scan). A caller that scanned a range and found it
+// empty commits under it, so that a key created there meanwhile, by anyone,
+// fails the commit. It is the only range form: other revisions with End are
+// invalid, and so is an End that does not sort after Key (CheckCommit
+// refuses both; nothing is written).
+//
 // Errors: Commit returns an error wrapping ErrConflict when a condition failed
 // and nothing was written. Any error wrapping ErrUnavailable means the backend
 // could not be reached (server down, file lock not obtained in time); callers
@@ -52,12 +59,22 @@ type KV struct {
 // Exists reports whether the key was present when read.
 func (kv KV) Exists() bool { return kv.Revision != 0 }
 
-// Cond requires that Key's revision is exactly Revision at commit time
-// (0: the key must be absent).
+// Cond is one condition of a commit. With End empty it requires that Key's
+// revision is exactly Revision at commit time (0: the key must be absent).
+// With End set it covers every key k with Key <= k < End and requires that
+// none of them exists; Revision must then be 0 (see AbsentRange).
 type Cond struct {
 	Key      string
 	Revision int64
+	End      string
 }
+
+// AbsentRange returns the Cond that holds while no key k with
+// from <= k < to exists (to must sort after from).
+func AbsentRange(from, to string) Cond { return Cond{Key: from, End: to} }
+
+// IsRange reports whether c is a range condition.
+func (c Cond) IsRange() bool { return c.End != "" }
 
 // Op is one write of a commit: a put of Value, or a delete.
 type Op struct {
@@ -122,7 +139,8 @@ func StartGet(ctx context.Context, keys []string) (out []KV, done bool, err erro
 }
 
 // CheckCommit validates the shape of a commit before a backend runs it: no
-// empty keys and no more than MaxOps entries.
+// empty keys, range conditions only of the one form the contract knows
+// (revision 0, End after Key), and no more than MaxOps entries.
 func CheckCommit(conds []Cond, ops []Op) error {
 	if len(conds)+len(ops) > MaxOps {
 		return errors.Join(ErrTooLarge, errors.New("store: more than MaxOps conditions and operations"))
@@ -130,6 +148,15 @@ func CheckCommit(conds []Cond, ops []Op) error {
 	for _, c := range conds {
 		if c.Key == "" {
 			return errors.New("store: condition on an empty key")
+		}
+		if !c.IsRange() {
+			continue
+		}
+		if c.Revision != 0 {
+			return fmt.Errorf("store: range condition [%q, %q) on revision %d: a range condition can only require that no key in the range exists (revision 0)", c.Key, c.End, c.Revision)
+		}
+		if c.End <= c.Key {
+			return fmt.Errorf("store: range condition [%q, %q): the end does not sort after the start", c.Key, c.End)
 		}
 	}
 	for _, o := range ops {

@@ -9,7 +9,9 @@
 //   - Get reads all keys in one transaction (one round trip, one revision);
 //     Scan is a sorted range read, paged at one revision when large;
 //     Commit is one transaction whose conditions are Version(k) = 0 for
-//     "absent" and ModRevision(k) = rev otherwise. A failed condition writes
+//     "absent", ModRevision(k) = rev otherwise, and Version = 0 over the
+//     range [k, end) for a range condition (etcd compares each key of the
+//     range; an empty range passes). A failed condition writes
 //     nothing and returns an error wrapping store.ErrConflict. CommitOrGet
 //     (store.Speculator) adds Value(k) = v conditions and reads the keys
 //     asked in the transaction's failure branch.
@@ -295,16 +297,21 @@ func (s *Store) CommitOrGet(ctx context.Context, conds []store.Cond, same []stor
 	return out, fmt.Errorf("%w (etcd revision %d)", store.ErrConflict, resp.Header.Revision)
 }
 
-// compares are a transaction's conditions: revisions (0: absent), then
-// values (etcd fails a value comparison on an absent key, as the contract
+// compares are a transaction's conditions: revisions (0: absent) and
+// ranges without keys, then values (etcd fails a value comparison on an absent key, as the contract
 // asks).
 func (s *Store) compares(conds []store.Cond, same []store.KV) []clientv3.Cmp {
 	cmps := make([]clientv3.Cmp, 0, len(conds)+len(same))
 	for _, c := range conds {
 		k := s.prefix + c.Key
-		if c.Revision == 0 {
+		switch {
+		case c.IsRange():
+			// etcd compares every key of the range, and an empty range
+			// passes a comparison of its version with 0.
+			cmps = append(cmps, clientv3.Compare(clientv3.Version(k).WithRange(s.prefix+c.End), "=", 0))
+		case c.Revision == 0:
 			cmps = append(cmps, clientv3.Compare(clientv3.Version(k), "=", 0))
-		} else {
+		default:
 			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(k), "=", c.Revision))
 		}
 	}

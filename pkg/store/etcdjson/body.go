@@ -85,10 +85,11 @@ func (s *Store) scanBody(key, end string, limit int, rev string) body {
 	return append(b, '}')
 }
 
-// txnBody is a transaction: conditions on revisions (0: absent), then on
-// values (etcd fails a value comparison on an absent key, as
-// store.Speculator asks); the writes of ops when they hold; range reads of
-// failureReads when they do not.
+// txnBody is a transaction: conditions on revisions (0: absent) and on
+// ranges holding no key (version 0 over [key, range_end)), then on values
+// (etcd fails a value comparison on an absent key, as store.Speculator
+// asks); the writes of ops when they hold; range reads of failureReads
+// when they do not.
 func (s *Store) txnBody(conds []store.Cond, same []store.KV, ops []store.Op, failureReads []string) body {
 	b := []byte{'{'}
 	b = appendList(b, "compare", len(conds)+len(same), func(b []byte, i int) []byte {
@@ -103,6 +104,12 @@ func (s *Store) txnBody(conds []store.Cond, same []store.KV, ops []store.Op, fai
 		c := conds[i]
 		b = append(b, `{"key":`...)
 		b = appendB64(b, []byte(s.cfg.Prefix+c.Key))
+		if c.IsRange() {
+			// Every key of [key, range_end) must have version 0: none
+			// may exist (an empty range passes).
+			b = append(b, `,"range_end":`...)
+			b = appendB64(b, []byte(s.cfg.Prefix+c.End))
+		}
 		if c.Revision == 0 {
 			return append(b, `,"result":"EQUAL","target":"VERSION","version":"0"}`...)
 		}

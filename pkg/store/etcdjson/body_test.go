@@ -34,7 +34,11 @@ func (s *Store) refTxn(conds []store.Cond, same []store.KV, ops []store.Op, fail
 	for _, c := range conds {
 		k := refB64(s.cfg.Prefix + c.Key)
 		if c.Revision == 0 {
-			cmps = append(cmps, map[string]any{"key": k, "target": "VERSION", "result": "EQUAL", "version": "0"})
+			cmp := map[string]any{"key": k, "target": "VERSION", "result": "EQUAL", "version": "0"}
+			if c.IsRange() {
+				cmp["range_end"] = refB64(s.cfg.Prefix + c.End)
+			}
+			cmps = append(cmps, cmp)
 		} else {
 			cmps = append(cmps, map[string]any{"key": k, "target": "MOD", "result": "EQUAL", "mod_revision": strconv.FormatInt(c.Revision, 10)})
 		}
@@ -106,7 +110,11 @@ func TestRequestsMatchEncodingJSON(t *testing.T) {
 		var same []store.KV
 		var ops []store.Op
 		for range r.IntN(4) {
-			conds = append(conds, store.Cond{Key: randKey(r), Revision: int64(r.IntN(3) * r.IntN(1<<30))})
+			c := store.Cond{Key: randKey(r), Revision: int64(r.IntN(3) * r.IntN(1<<30))}
+			if c.Revision == 0 && r.IntN(2) == 0 {
+				c.End = randKey(r) // a range condition unless empty
+			}
+			conds = append(conds, c)
 		}
 		for range r.IntN(3) {
 			same = append(same, store.KV{Key: randKey(r), Value: []byte(randKey(r))})

@@ -15,8 +15,10 @@
 // both, over each wire): keys under Config.Prefix (default "/ringipam/");
 // Get reads all keys in one transaction at one revision; Scan is a sorted
 // range read paged at one revision; Commit is one transaction whose
-// conditions are Version(k) = 0 for "absent" and ModRevision(k) = rev
-// otherwise, a failed condition writing nothing and returning an error
+// conditions are Version(k) = 0 for "absent", ModRevision(k) = rev
+// otherwise, and Version = 0 over [k, end) for a range condition (the
+// Compare's range_end, field 64 on gRPC), a failed condition writing
+// nothing and returning an error
 // wrapping store.ErrConflict; CommitOrGet (store.Speculator) adds
 // Value(k) = v conditions and reads the keys asked in the transaction's
 // failure branch. Every call runs under RequestTimeout (or the caller's

@@ -26,6 +26,7 @@ const (
 	cmpVersion     = 4
 	cmpModRevision = 6
 	cmpValue       = 7
+	cmpRangeEnd    = 64
 	// Compare.CompareTarget values (Compare.result is EQUAL, the default).
 	targetMod   = 2
 	targetValue = 3
@@ -146,7 +147,11 @@ func (s *Store) txnProto(conds []store.Cond, same []store.KV, ops []store.Op, fa
 		b = appendNested(b, txnCompare, func(b []byte) []byte {
 			if c.Revision == 0 {
 				// target VERSION and result EQUAL are the zero values.
-				return appendInt(appendBytes(b, cmpKey, s.cfg.Prefix, c.Key), cmpVersion, 0)
+				b = appendInt(appendBytes(b, cmpKey, s.cfg.Prefix, c.Key), cmpVersion, 0)
+				if c.IsRange() {
+					b = appendBytes(b, cmpRangeEnd, s.cfg.Prefix, c.End)
+				}
+				return b
 			}
 			b = appendInt(b, cmpTarget, targetMod)
 			return appendInt(appendBytes(b, cmpKey, s.cfg.Prefix, c.Key), cmpModRevision, c.Revision)

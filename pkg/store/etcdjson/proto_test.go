@@ -47,9 +47,16 @@ func TestRequestsMatchEtcdsMessages(t *testing.T) {
 		want = &pb.TxnRequest{}
 		for range r.IntN(4) {
 			c := store.Cond{Key: randKey(r), Revision: int64(r.IntN(3) * r.IntN(1<<30))}
+			if c.Revision == 0 && r.IntN(2) == 0 {
+				c.End = randKey(r) // a range condition unless empty
+			}
 			conds = append(conds, c)
 			if c.Revision == 0 {
-				want.Compare = append(want.Compare, &pb.Compare{Key: pre(c.Key), Target: pb.Compare_VERSION, Result: pb.Compare_EQUAL, TargetUnion: &pb.Compare_Version{Version: 0}})
+				cmp := &pb.Compare{Key: pre(c.Key), Target: pb.Compare_VERSION, Result: pb.Compare_EQUAL, TargetUnion: &pb.Compare_Version{Version: 0}}
+				if c.IsRange() {
+					cmp.RangeEnd = pre(c.End)
+				}
+				want.Compare = append(want.Compare, cmp)
 			} else {
 				want.Compare = append(want.Compare, &pb.Compare{Key: pre(c.Key), Target: pb.Compare_MOD, Result: pb.Compare_EQUAL, TargetUnion: &pb.Compare_ModRevision{ModRevision: c.Revision}})
 			}

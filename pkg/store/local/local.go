@@ -34,6 +34,9 @@
 //     record's sequence number, or the checkpoint's, kept in a meta bucket
 //     of the bbolt file); each value is stored together with the revision
 //     that wrote it.
+//   - Range conditions (no key in [Key, End)) are checked with a bbolt
+//     cursor from the range's start, skipping the keys the log deletes,
+//     and against the log's own keys, in the commit's locked session.
 //   - Errors: conflicts wrap store.ErrConflict and write nothing; lock
 //     timeouts wrap store.ErrUnavailable; other I/O errors (permissions, a
 //     corrupt file, a full disk) are returned wrapped with the file's path.
@@ -503,6 +506,12 @@ func (sess *session) lookup(tx *bolt.Tx, key string) (int64, []byte, error) {
 // check verifies conds (keys without the store's prefix).
 func (sess *session) check(tx *bolt.Tx, prefix string, conds []store.Cond) error {
 	for _, c := range conds {
+		if c.IsRange() {
+			if k, ok := sess.someKeyIn(tx, prefix+c.Key, prefix+c.End); ok {
+				return fmt.Errorf("%w: key %q exists in [%q, %q)", store.ErrConflict, k[len(prefix):], c.Key, c.End)
+			}
+			continue
+		}
 		rev, _, err := sess.lookup(tx, prefix+c.Key)
 		if err != nil {
 			return fmt.Errorf("key %q: %w", c.Key, err)
@@ -512,6 +521,28 @@ func (sess *session) check(tx *bolt.Tx, prefix string, conds []store.Cond) error
 		}
 	}
 	return nil
+}
+
+// someKeyIn returns a key k with lo <= k < hi that exists (its log entry,
+// if it has one, is not a delete), if there is one: any of the log's, else
+// the checkpoint's first by a cursor from lo that the log does not delete.
+func (sess *session) someKeyIn(tx *bolt.Tx, lo, hi string) (string, bool) {
+	for k, e := range sess.chain.entries {
+		if k >= lo && k < hi && !e.del {
+			return k, true
+		}
+	}
+	b := tx.Bucket(bucketKV)
+	if b == nil {
+		return "", false
+	}
+	c := b.Cursor()
+	for k, _ := c.Seek([]byte(lo)); k != nil && string(k) < hi; k, _ = c.Next() {
+		if _, logged := sess.chain.entries[string(k)]; !logged {
+			return string(k), true // a logged one was a delete: seen above
+		}
+	}
+	return "", false
 }
 
 // close lets go of the file's lock and closes it, and the log.

@@ -1,7 +1,8 @@
 // Package memory is an in-process store.Store kept in a map. It honours the
-// whole store contract (revisions, atomic conditional commits, ordered scans)
-// and is meant for unit tests and model checks; it persists nothing.
-// It is safe for concurrent use. The zero value is not usable: call New.
+// whole store contract (revisions, atomic conditional commits, range
+// conditions, ordered scans) and is meant for unit tests and model checks;
+// it persists nothing. It is safe for concurrent use. The zero value is not
+// usable: call New.
 package memory
 
 import (
@@ -75,12 +76,27 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.checkLocked(conds); err != nil {
+		return err
+	}
+	s.applyLocked(ops)
+	return nil
+}
+
+// checkLocked verifies conds: a key's revision, or that no key of a range
+// exists.
+func (s *Store) checkLocked(conds []store.Cond) error {
 	for _, c := range conds {
+		if c.IsRange() {
+			if i := sort.SearchStrings(s.keys, c.Key); i < len(s.keys) && s.keys[i] < c.End {
+				return fmt.Errorf("%w: key %q exists in [%q, %q)", store.ErrConflict, s.keys[i], c.Key, c.End)
+			}
+			continue
+		}
 		if s.data[c.Key].rev != c.Revision {
 			return fmt.Errorf("%w: key %q", store.ErrConflict, c.Key)
 		}
 	}
-	s.applyLocked(ops)
 	return nil
 }
 
@@ -121,10 +137,8 @@ func (s *Store) CommitOrGet(ctx context.Context, conds []store.Cond, same []stor
 			return s.getLocked(read), fmt.Errorf("%w: key %q", store.ErrConflict, kv.Key)
 		}
 	}
-	for _, c := range conds {
-		if s.data[c.Key].rev != c.Revision {
-			return s.getLocked(read), fmt.Errorf("%w: key %q", store.ErrConflict, c.Key)
-		}
+	if err := s.checkLocked(conds); err != nil {
+		return s.getLocked(read), err
 	}
 	s.applyLocked(ops)
 	return nil, nil

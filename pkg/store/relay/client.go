@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/store"
@@ -32,6 +33,8 @@ type Client struct {
 	r      *bufio.Reader
 	direct store.Store
 	why    error // why the relay is not used (for Via)
+	// ranges: the agent's hello said it carries range conditions.
+	ranges bool
 }
 
 const (
@@ -97,6 +100,10 @@ func (c *Client) Commit(ctx context.Context, conds []store.Cond, ops []store.Op)
 	req := &request{Op: "commit", Conds: make([]wireCond, len(conds)), Ops: make([]wireOp, len(ops))}
 	for i, x := range conds {
 		req.Conds[i] = wireCond{Key: []byte(x.Key), Revision: x.Revision}
+		if x.IsRange() {
+			req.Conds[i].End = []byte(x.End)
+			req.needsRanges = true
+		}
 	}
 	for i, o := range ops {
 		req.Ops[i] = wireOp{Key: []byte(o.Key), Value: o.Value, Delete: o.Delete}
@@ -142,6 +149,9 @@ func (c *Client) run(ctx context.Context, req *request, idempotent bool, direct 
 		if err := c.connect(ctx); err != nil {
 			return nil, err
 		}
+	}
+	if c.state == stateRelay && req.needsRanges && !c.ranges {
+		return nil, fmt.Errorf("relayed store: ringipamd at %s is older than this plugin: it does not carry the commit's range condition, which it would check as a condition on one key (nothing was sent; restart ringipamd with the current binary)", c.socket)
 	}
 	if c.state == stateRelay {
 		kvs, callErr, err := c.exchange(ctx, req)
@@ -253,6 +263,7 @@ func (c *Client) connect(ctx context.Context) error {
 	}
 	c.conn, c.r = conn, bufio.NewReaderSize(conn, 64<<10)
 	id := c.id
+	c.ranges = false
 	_, callErr, err := c.exchange(dctx, &request{Op: "hello", Identity: &id})
 	if err == nil {
 		err = callErr
@@ -306,6 +317,9 @@ func (c *Client) exchange(ctx context.Context, req *request) (kvs []store.KV, ca
 	}
 	if ans.Error != nil {
 		return nil, fromWire(ans.Error), nil
+	}
+	if req.Op == "hello" {
+		c.ranges = slices.Contains(ans.Features, featureRangeConds)
 	}
 	kvs = make([]store.KV, len(ans.KVs))
 	for i, kv := range ans.KVs {

@@ -34,6 +34,12 @@
 //     unread. A request line over MaxRequest, or one that does not decode,
 //     closes its connection; each connection has its own goroutine and a
 //     read deadline, so a stalled or hostile client holds up nobody else.
+//   - Range conditions (store.Cond with End) are relayed only to an agent
+//     that said in its hello answer that it carries them (featureRangeConds):
+//     an agent from before ignores the field and would check "the first key
+//     is absent" instead. To such an agent a commit with a range condition
+//     is refused, nothing sent, with an error saying the agent is older
+//     than the plugin; every other call goes on as before.
 //   - Whole invocations (Invoke, Invoker; invoke.go): a plugin may instead
 //     send its whole CNI call, which the agent runs on its own store, the
 //     local store included, when its Invoker accepts it. The plugin runs
@@ -123,12 +129,22 @@ type request struct {
 	Ops   []wireOp   `json:"ops,omitempty"`
 	// Invocation is the whole plugin call of an "invoke" (invoke.go).
 	Invocation *Invocation `json:"invocation,omitempty"`
+	// needsRanges: a commit with a range condition (not sent).
+	needsRanges bool
 }
 
+// wireCond is a store.Cond; End is set for a range condition, which only
+// an agent whose hello answered featureRangeConds is sent (an agent from
+// before would ignore the field and check the wrong condition).
 type wireCond struct {
 	Key      []byte `json:"k"`
 	Revision int64  `json:"r"`
+	End      []byte `json:"e,omitempty"`
 }
+
+// featureRangeConds is the feature of an agent that carries range
+// conditions (store.Cond.End) to its store.
+const featureRangeConds = "range-conds"
 
 type wireOp struct {
 	Key    []byte `json:"k"`
@@ -148,6 +164,9 @@ type answer struct {
 	Error *wireError `json:"error,omitempty"`
 	// Outcome answers an "invoke" (invoke.go).
 	Outcome *Outcome `json:"outcome,omitempty"`
+	// Features answers a "hello": what the agent understands beyond the
+	// first protocol (featureRangeConds).
+	Features []string `json:"features,omitempty"`
 }
 
 // wireError is an error with the sentinel it wrapped, by name.

@@ -1,9 +1,11 @@
 package relay_test
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -284,5 +286,59 @@ func TestIdentityKey(t *testing.T) {
 		if c.Key() == a.Key() {
 			t.Errorf("%+v has the key of %+v", c, a)
 		}
+	}
+}
+
+// An agent from before range conditions answers its hello with no
+// features and would decode a range condition as a condition on its first
+// key alone. The client sends it no commit with a range condition (a
+// refusal that names the cause, nothing written); other commits go on.
+func TestRangeConditionNotSentToAnOldAgent(t *testing.T) {
+	socket := filepath.Join(t.TempDir(), "store.sock")
+	l, err := net.Listen("unix", socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	lines := make(chan string, 16)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			lines <- line
+			if _, err := c.Write([]byte("{}\n")); err != nil {
+				return
+			}
+		}
+	}()
+	c := relay.NewClient(socket, served, noDirect(t))
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.Commit(ctx, []store.Cond{{Key: "k"}}, []store.Op{store.Put("k", []byte("v"))}); err != nil {
+		t.Fatalf("a commit on one key through the old agent: %v", err)
+	}
+	err = c.Commit(ctx, []store.Cond{store.AbsentRange("a/", "a0")}, []store.Op{store.Put("a/1", []byte("v"))})
+	if err == nil || !strings.Contains(err.Error(), "older than this plugin") || errors.Is(err, store.ErrConflict) {
+		t.Fatalf("a commit with a range condition through an old agent: %v, want a refusal naming the old agent", err)
+	}
+	if via := c.Via(); !strings.HasPrefix(via, "ringipamd at ") {
+		t.Errorf("after the refusal the calls go %q, want still to the agent", via)
+	}
+	close(lines) // the agent's goroutine writes no more: nothing is in flight
+	var got []string
+	for line := range lines {
+		got = append(got, line)
+	}
+	if len(got) != 2 || !strings.Contains(got[0], `"op":"hello"`) || !strings.Contains(got[1], `"op":"commit"`) || strings.Contains(got[1], `"e":`) {
+		t.Fatalf("the old agent received %q, want the hello and the one-key commit only", got)
 	}
 }

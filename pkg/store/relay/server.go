@@ -187,6 +187,7 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 				ans.Error = &wireError{Kind: kindRefused, Message: fmt.Sprintf("this agent serves prefix %q of %v", s.id.Prefix, s.id.Endpoints)}
 			default:
 				greeted = true
+				ans.Features = []string{featureRangeConds}
 			}
 		case !greeted:
 			ans.Error = &wireError{Kind: kindRefused, Message: "hello first"}
@@ -231,7 +232,7 @@ func (s *Server) call(ctx context.Context, req *request) answer {
 	case "commit":
 		conds := make([]store.Cond, len(req.Conds))
 		for i, c := range req.Conds {
-			conds[i] = store.Cond{Key: string(c.Key), Revision: c.Revision}
+			conds[i] = store.Cond{Key: string(c.Key), Revision: c.Revision, End: string(c.End)}
 		}
 		ops := make([]store.Op, len(req.Ops))
 		for i, o := range req.Ops {

@@ -106,6 +106,39 @@ var mutants = map[string]struct {
 		},
 		[]string{"CommitOrGet"},
 	},
+	"checks a range condition on its first key only": {
+		func() store.Store {
+			return mutant{Store: memory.New(), commit: func(m *memory.Store, ctx context.Context, conds []store.Cond, ops []store.Op) error {
+				if err := store.CheckCommit(conds, ops); err != nil {
+					return err
+				}
+				var point []store.Cond
+				for _, c := range conds {
+					point = append(point, store.Cond{Key: c.Key, Revision: c.Revision})
+				}
+				return m.Commit(ctx, point, ops)
+			}}
+		},
+		[]string{"RangeAbsent"},
+	},
+	"counts a key at a range's end": {
+		func() store.Store {
+			return mutant{Store: memory.New(), commit: func(m *memory.Store, ctx context.Context, conds []store.Cond, ops []store.Op) error {
+				if err := store.CheckCommit(conds, ops); err != nil {
+					return err
+				}
+				var wider []store.Cond
+				for _, c := range conds {
+					if c.IsRange() {
+						c.End += "\x00"
+					}
+					wider = append(wider, c)
+				}
+				return m.Commit(ctx, wider, ops)
+			}}
+		},
+		[]string{"RangeAbsent"},
+	},
 	"no size limit": {
 		func() store.Store {
 			return mutant{Store: memory.New(), commit: func(m *memory.Store, ctx context.Context, conds []store.Cond, ops []store.Op) error {

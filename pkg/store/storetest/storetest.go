@@ -90,6 +90,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store, opts ...Option) {
 		{"RevisionsGrow", testRevisions},
 		{"CreateIfAbsent", testCreateIfAbsent},
 		{"StaleConditionWritesNothing", testStaleAtomic},
+		{"RangeAbsent", testRangeAbsent},
 		{"Delete", testDelete},
 		{"EmptyCommit", testEmptyCommit},
 		{"MultiGetIsConsistent", testMultiGetConsistent},
@@ -320,6 +321,84 @@ func testStaleAtomic(t *testing.T, s store.Store) {
 	want := []view{{"a", "a2"}, {"b", "b1"}, {"new", "n"}}
 	if diff := cmp.Diff(want, views(mustScan(t, s, "", "\xff", 0))); diff != "" {
 		t.Errorf("after fresh commit (-want +got):\n%s", diff)
+	}
+}
+
+// testRangeAbsent: a range condition holds while no key k with
+// Key <= k < End exists, whatever the history of the keys around it
+// (written long ago or just now, deleted), and fails, writing nothing, when
+// one does: at the range's start, inside it, as its last key. A key at End
+// lies outside. Range conditions of another form are refused.
+func testRangeAbsent(t *testing.T, s store.Store) {
+	ctx := ctxFor(t)
+	// On an empty store every range is empty.
+	mustCommit(t, s, []store.Cond{store.AbsentRange("r/", "r0")}, store.Put("first", []byte("1")))
+	// r/2 and r/5 stay; r/3 is deleted later. Then a value large enough
+	// to make a backend with a write-ahead log (local) move the log to its
+	// main file, so that the keys written before and after it, and the
+	// deletes, live in different places there.
+	mustCommit(t, s, nil, store.Put("r/2", []byte("2")), store.Put("r/3", []byte("3")), store.Put("r/5", []byte("5")))
+	mustCommit(t, s, nil, store.Put("big", bytes.Repeat([]byte("x"), 40<<10)))
+	mustCommit(t, s, nil, store.Put("r/8", []byte("8")), store.Put("r/6x", []byte("6")), store.Delete("r/3"))
+	mustCommit(t, s, nil, store.Delete("r/6x"))
+	for i, c := range []struct{ from, to string }{
+		{"r/0", "r/2"},         // a key at End is outside
+		{"r/2\x00", "r/3\x00"}, // between two keys, r/3 deleted
+		{"r/3", "r/5"},         // r/3 deleted, r/5 at End
+		{"r/5\x00", "r/8"},     // r/6x written and deleted, r/8 at End
+		{"r/8\x00", "r/~"},     // after the last key
+	} {
+		before := mustGet(t, s, "r/2", "r/5", "r/8")
+		cond := store.AbsentRange(c.from, c.to)
+		key := fmt.Sprintf("ok/%d", i)
+		if err := s.Commit(ctx, []store.Cond{cond, store.Unchanged(before[1])}, []store.Op{store.Put(key, []byte("y"))}); err != nil {
+			t.Fatalf("range [%q, %q) holds no key: Commit: %v", c.from, c.to, err)
+		}
+		if got := mustGet(t, s, key)[0]; string(got.Value) != "y" {
+			t.Fatalf("range [%q, %q): the commit did not write: %+v", c.from, c.to, got)
+		}
+	}
+	for _, c := range []struct{ from, to, why string }{
+		{"r/2", "r/3", "r/2 is the range's first key"},
+		{"r/1", "r/6", "r/2 and r/5 lie inside"},
+		{"r/4", "r/5\x00", "r/5 is the range's last key"},
+		{"r/7", "r/9", "r/8, written after the large value, lies inside"},
+		{"r/8", "r/8\x00", "the range is r/8 alone"},
+		{"r/", "r0", "the range holds every r/ key"},
+	} {
+		before := mustScan(t, s, "", "\xff", 0)
+		err := s.Commit(ctx, []store.Cond{store.Unchanged(before[0]), store.AbsentRange(c.from, c.to)},
+			[]store.Op{store.Put("no", []byte("n")), store.Delete("r/2")})
+		if !errors.Is(err, store.ErrConflict) {
+			t.Fatalf("range [%q, %q), where %s: err = %v, want ErrConflict", c.from, c.to, c.why, err)
+		}
+		if diff := cmp.Diff(before, mustScan(t, s, "", "\xff", 0)); diff != "" {
+			t.Fatalf("range [%q, %q): a failed commit changed the store (-before +after):\n%s", c.from, c.to, diff)
+		}
+	}
+	if sp, ok := s.(store.Speculator); ok {
+		kvs, err := sp.CommitOrGet(ctx, []store.Cond{store.AbsentRange("r/4", "r/6")}, []store.KV{{Key: "first", Value: []byte("1")}},
+			[]store.Op{store.Put("no", []byte("n"))}, []string{"r/5"})
+		if !errors.Is(err, store.ErrConflict) || len(kvs) != 1 || string(kvs[0].Value) != "5" {
+			t.Fatalf("CommitOrGet with r/5 in the range required empty = %v, %v; want ErrConflict and r/5", kvs, err)
+		}
+		if kvs, err := sp.CommitOrGet(ctx, []store.Cond{store.AbsentRange("r/6", "r/8")}, []store.KV{{Key: "first", Value: []byte("1")}},
+			[]store.Op{store.Put("spec", []byte("s"))}, []string{"r/5"}); err != nil || kvs != nil {
+			t.Fatalf("CommitOrGet with an empty range = %v, %v; want nil, nil", kvs, err)
+		}
+	}
+	for _, bad := range []store.Cond{
+		{Key: "r/0", End: "r/9", Revision: mustGet(t, s, "r/2")[0].Revision},
+		{Key: "r/5", End: "r/5"},
+		{Key: "r/6", End: "r/5"},
+	} {
+		err := s.Commit(ctx, []store.Cond{bad}, []store.Op{store.Put("no", []byte("n"))})
+		if err == nil || errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrUnavailable) {
+			t.Errorf("range condition %+v: err = %v, want a validation error", bad, err)
+		}
+	}
+	if got := mustGet(t, s, "no")[0]; got.Exists() {
+		t.Errorf("a failed or refused commit wrote %+v", got)
 	}
 }
 
