@@ -3,6 +3,7 @@ package storetest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -52,5 +53,36 @@ func TestBarrier(t *testing.T) {
 	stop()
 	if err := lone.Commit(short, nil, []store.Op{store.Put("k", nil)}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("a lone commit at a barrier of 2 with its context ended: %v", err)
+	}
+}
+
+// InOrder: three commits that all read first go on in rank order, whatever
+// order they arrived in; each sees the one before it as written.
+func TestBarrierInOrder(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	st := memory.New()
+	b := storetest.NewBarrier(st, 3, nil).InOrder(func(ops []store.Op) int { return int(ops[0].Value[0]) })
+	errs := make([]error, 3)
+	var wg sync.WaitGroup
+	for i, rank := range []byte{2, 0, 1} {
+		wg.Go(func() {
+			errs[i] = b.Commit(ctx, nil, []store.Op{store.Put("k", []byte{rank}), store.Put(fmt.Sprint("at/", rank), nil)})
+		})
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	kvs, err := st.Scan(ctx, "at/", "at0", 0)
+	if err != nil || len(kvs) != 3 {
+		t.Fatalf("scan: %v, %v", kvs, err)
+	}
+	for i := 1; i < 3; i++ {
+		if kvs[i-1].Revision >= kvs[i].Revision {
+			t.Errorf("rank %s committed at revision %d, rank %s at %d: want rank order", kvs[i-1].Key, kvs[i-1].Revision, kvs[i].Key, kvs[i].Revision)
+		}
 	}
 }
