@@ -95,16 +95,6 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 	if err != nil {
 		return Allocation{}, err
 	}
-	for _, h := range p.handoffs {
-		if a.broken.skipStrays {
-			break
-		}
-		if err := a.returnStrays(ctx, h); err != nil {
-			// The allocation stands; only ring bookkeeping is late.
-			// Check reports it and the next claim in the pool retries.
-			a.stats.strayErrors.Add(1)
-		}
-	}
 	return p.alloc, nil
 }
 
@@ -326,11 +316,10 @@ func (a *Allocator) decodeSnapshot(ctx context.Context, req Request, defs map[st
 
 // plan is one allocation's decision: what to write, under which conditions.
 type plan struct {
-	alloc    Allocation
-	conds    []store.Cond
-	ops      []store.Op
-	handoffs []handoff
-	noop     bool // the owner already holds everything asked
+	alloc Allocation
+	conds []store.Cond
+	ops   []store.Op
+	noop  bool // the owner already holds everything asked
 }
 
 func (p *plan) require(c ...store.Cond) { p.conds = append(p.conds, c...) }
@@ -467,13 +456,14 @@ func (a *Allocator) pick(ctx context.Context, t *poolTxn, w Want, req Request, r
 	got, kv, err := a.pickDynamic(ctx, t)
 	var need errNeedSpace
 	if errors.As(err, &need) {
-		var h *handoff
-		if t.ring, h, err = a.planClaim(ctx, t.name, t.def, t.ring); err != nil {
+		var given *store.Cond
+		if t.ring, given, err = a.planClaim(ctx, t.name, t.def, t.ring); err != nil {
 			return u128{}, store.KV{}, err
 		}
 		t.ringChanged = true
-		if h != nil {
-			p.handoffs = append(p.handoffs, *h)
+		if given != nil && !a.broken.noRangeCond {
+			// Space of a live donor: it holds no address at commit time.
+			p.require(*given)
 		}
 		got, kv, err = a.pickDynamic(ctx, t)
 		if errors.As(err, &need) {

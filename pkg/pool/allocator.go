@@ -46,7 +46,7 @@ type faults struct {
 	noRingCond  bool // an allocation commits without requiring the ring unchanged
 	noHostCond  bool // allocations and releases commit without requiring the host state unchanged
 	noLiveCond  bool // reclaim commits without requiring the liveness key as read
-	skipStrays  bool // Allocate does not hand strays back after a claim
+	noRangeCond bool // a claim of a live host's space commits without requiring that the space holds no address
 	ignoreTombs bool // tombstones are ignored: a host's tombstoned ranges are its own, a tombstoned range is claimed whole
 }
 

@@ -22,7 +22,14 @@ const (
 	// InvNotInPool: every held address is one its pool hands out.
 	InvNotInPool = "not-in-pool"
 	// InvOutsideRange: every address is held in a range its host owns, and
-	// an owner record's host is the host its address keys name.
+	// an owner record's host is the host its address keys name. No step of
+	// ringipam breaks it, not even for a moment: a claim of a live host's
+	// space requires, in its one commit, that the space holds no address
+	// (a range condition), and every other ring change that gives away
+	// space is conditioned on the ring, which any allocation there would
+	// have changed. A violation is corruption (or a stray left by a
+	// ringipam from before the range condition that died between a claim
+	// and its hand-back); releasing the owner ends it.
 	InvOutsideRange = "outside-range"
 	// InvTombstoned: an address in a tombstoned range is only ever a
 	// reservation's hold; an owner still holding one there is a release
@@ -253,7 +260,7 @@ func (a *Allocator) Audit(ctx context.Context) ([]Violation, error) {
 			t := r.ownerOf(toU128(h.Addr))
 			switch {
 			case t.Host != h.Host:
-				bad(InvOutsideRange, h.Pool, "%s is held by %s on host %s but lies in a range of %s", h.Addr, who, hostName(h.Host), hostName(t.Host))
+				bad(InvOutsideRange, h.Pool, "%s is held by %s on host %s but lies in a range of %s (corruption: no ringipam step leaves an address outside its host's ranges; releasing the owner ends it)", h.Addr, who, hostName(h.Host), hostName(t.Host))
 			case t.Tomb && h.Hold == nil:
 				bad(InvTombstoned, h.Pool, "%s is held by %s in a tombstoned range of %s: reclaiming left it behind (run ringctl rmpeer %s again)", h.Addr, who, hostName(h.Host), h.Host)
 			}

@@ -11,13 +11,6 @@ import (
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
-// handoff is a range a donor host gave up to this host in a claim.
-type handoff struct {
-	pool   string
-	is4    bool
-	lo, hi u128
-}
-
 // planClaim returns a ring in which this host owns more of pool. The
 // allocation that needed the space commits it together with the new
 // address, conditioned on the ring being unchanged, so claimed space cannot
@@ -27,14 +20,22 @@ type handoff struct {
 //     largest free hole of the tombstoned ranges, whole;
 //  3. a range of the live host with the most free addresses that holds no
 //     address, whole; else the upper half of its largest free hole (only
-//     free addresses change hands). The donor may still
-//     commit an allocation in that hole between this read and the ring
-//     commit; returnStrays hands such addresses back right after (the
-//     returned handoff says where to look). Uniqueness never depends on
-//     this: every address is a create-if-absent key.
+//     free addresses change hands).
+//
+// In case 3 the donor is alive and may commit an allocation in the space
+// given between this read and the claim's commit; its commit does not
+// change the ring, so the ring's condition does not see it. The returned
+// condition (non-nil in case 3 only) says that no address key exists in
+// the space given, which the scans that found it free read: the commit
+// requires it too, so a donor's allocation that landed there first fails
+// the claim, which plans again. No address ever lies in a range its host
+// does not own, not even briefly, and no step after the commit is needed.
+// Cases 1 and 2 need no such condition: an address is created in unowned
+// or tombstoned space only by a commit that changes the ring (a static
+// request moves its address to its host).
 //
 // With no free address anywhere it returns a *CapacityError.
-func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring) (ring, *handoff, error) {
+func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring) (ring, *store.Cond, error) {
 	segs := dynamicSegmentsOf(def)
 	is4 := def.is4()
 	a.stats.claims.Add(1)
@@ -58,7 +59,7 @@ func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring)
 			continue
 		}
 		s := r.spanOf(i)
-		held, err := a.st.Scan(ctx, addrKey(pool, s.lo, is4), addrKey(pool, s.hi, is4)+"\x00", 1)
+		held, err := a.st.Scan(ctx, addrKey(pool, s.lo, is4), addrKeysEnd(pool, s.hi, is4), 1)
 		if err != nil {
 			return ring{}, nil, err
 		}
@@ -131,7 +132,8 @@ func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring)
 		if s, ok, err := a.emptyRange(ctx, pool, is4, r, d.host, segs); err != nil {
 			return ring{}, nil, err
 		} else if ok {
-			return r.assign(s.lo, s.hi, a.host), &handoff{pool: pool, is4: is4, lo: s.lo, hi: s.hi}, nil
+			c := noAddrIn(pool, is4, s)
+			return r.assign(s.lo, s.hi, a.host), &c, nil
 		}
 		hole, ok, err := a.largestHole(ctx, pool, is4, d.spans, d.state.Cursor)
 		if err != nil {
@@ -144,7 +146,8 @@ func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring)
 		if n := hole.size(); n.cmp(u128{lo: 1}) > 0 {
 			give.lo = hole.lo.add(n.half())
 		}
-		return r.assign(give.lo, give.hi, a.host), &handoff{pool: pool, is4: is4, lo: give.lo, hi: give.hi}, nil
+		c := noAddrIn(pool, is4, give)
+		return r.assign(give.lo, give.hi, a.host), &c, nil
 	}
 	return ring{}, nil, &CapacityError{Pool: pool, Used: used, Capacity: capacityOf(segs).String()}
 }
@@ -166,7 +169,7 @@ func (a *Allocator) emptyRange(ctx context.Context, pool string, is4 bool, r rin
 		}
 		scanned++
 		s := r.spanOf(i)
-		held, err := a.st.Scan(ctx, addrKey(pool, s.lo, is4), addrKey(pool, s.hi, is4)+"\x00", 1)
+		held, err := a.st.Scan(ctx, addrKey(pool, s.lo, is4), addrKeysEnd(pool, s.hi, is4), 1)
 		if err != nil {
 			return span{}, false, err
 		}
@@ -194,7 +197,7 @@ func (a *Allocator) largestHole(ctx context.Context, pool string, is4 bool, span
 			if !s.contains(c) {
 				continue
 			}
-			held, err := a.st.Scan(ctx, addrKey(pool, c, is4), addrKey(pool, s.hi, is4)+"\x00", 1)
+			held, err := a.st.Scan(ctx, addrKey(pool, c, is4), addrKeysEnd(pool, s.hi, is4), 1)
 			if err != nil {
 				return span{}, false, err
 			}
@@ -225,7 +228,7 @@ func (a *Allocator) largestHole(ctx context.Context, pool string, is4 bool, span
 	for _, s := range spans {
 		cur, done := s.lo, false
 		for !done && read < maxHoleScan {
-			kvs, err := a.st.Scan(ctx, addrKey(pool, cur, is4), addrKey(pool, s.hi, is4)+"\x00", 1024)
+			kvs, err := a.st.Scan(ctx, addrKey(pool, cur, is4), addrKeysEnd(pool, s.hi, is4), 1024)
 			if err != nil {
 				return span{}, false, err
 			}
@@ -253,55 +256,4 @@ func (a *Allocator) largestHole(ctx context.Context, pool string, is4 bool, span
 		}
 	}
 	return best, found, nil
-}
-
-// returnStrays gives back, one address at a time, every address in a
-// handoff that its donor allocated before the ring changed hands, so that
-// every held address again lies in a range of its own host.
-func (a *Allocator) returnStrays(ctx context.Context, h handoff) error {
-	return a.run(ctx, func(int) error {
-		held, err := a.st.Scan(ctx, addrKey(h.pool, h.lo, h.is4), addrKey(h.pool, h.hi, h.is4)+"\x00", 0)
-		if err != nil {
-			return err
-		}
-		var strays []store.KV
-		for _, kv := range held {
-			if parseHolder(kv.Value).Host != a.host {
-				strays = append(strays, kv)
-			}
-		}
-		if len(strays) == 0 {
-			return nil
-		}
-		kvs, err := a.st.Get(ctx, defKey(h.pool), ringKey(h.pool))
-		if err != nil {
-			return err
-		}
-		def, err := decodeDef(h.pool, kvs[0])
-		if err != nil {
-			return err
-		}
-		var tokens []token
-		if err := decodeTokens(kvs[1].Value, &tokens); err != nil {
-			return fmt.Errorf("pool %s: stored ring is corrupt: %w", h.pool, err)
-		}
-		r := ringFrom(def, tokens)
-		changed := false
-		for _, kv := range strays {
-			v, ok := parseAddrKey(kv.Key)
-			if !ok {
-				continue
-			}
-			host := parseHolder(kv.Value).Host
-			if r.ownerOf(v).Host != host {
-				r = r.assign(v, v, host)
-				changed = true
-			}
-		}
-		if !changed {
-			return nil
-		}
-		b := encodeTokens(r.tokens)
-		return a.st.Commit(ctx, []store.Cond{store.Unchanged(kvs[1])}, []store.Op{store.Put(ringKey(h.pool), b)})
-	})
 }

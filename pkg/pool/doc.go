@@ -9,7 +9,10 @@
 // out addresses only inside ranges it owns, so hosts never contend on the
 // same keys. A host with no free address claims unowned space first, then
 // takes half of the largest free hole of the host with the most free space:
-// only free addresses ever change hands. A static request for a free address
+// only free addresses ever change hands, and a claim's commit requires that
+// the space it takes from a live host holds no address (a range condition,
+// store.Cond.End), so no address ever lies, even for a moment, outside a
+// range its host owns. A static request for a free address
 // in another host's range moves exactly that one address to the requesting
 // host. Metadata grows with the number of ranges, never with the size of the
 // pool: an IPv6 /48 costs what an IPv4 /24 costs.

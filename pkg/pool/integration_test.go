@@ -282,3 +282,14 @@ func TestRmpeerHandsFreeSpaceToTheCallerEtcd(t *testing.T) {
 func TestConcurrentDefineEtcd(t *testing.T) {
 	runConcurrentDefine(t, openEtcd(t, testenv.StartEtcd(t), "/define-race/"))
 }
+
+// TestClaimRaceEtcd is runClaimRace on a real etcd: the claim's range
+// condition is etcd's compare over every key of the claimed addresses.
+func TestClaimRaceEtcd(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	n := 0
+	runClaimRace(t, func(t *testing.T) store.Store {
+		n++
+		return openEtcd(t, srv, fmt.Sprintf("/claim-race-%d/", n))
+	})
+}

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ringipam/ringipam/pkg/store"
 )
 
 // Keys of the store layout (see the package doc). Every key a pool writes is
@@ -86,6 +88,20 @@ func resvKey(kind Kind, network, name string) string {
 // addrKey encodes an address so that keys sort in address order.
 func addrKey(pool string, v u128, is4 bool) string {
 	return addrPrefix(pool) + hexOf(v, is4)
+}
+
+// addrKeysEnd is the end of the key range holding exactly the address
+// keys of pool from some address up to hi inclusive: the least string
+// after hi's key (address keys of one pool all have one length, so none
+// lies between).
+func addrKeysEnd(pool string, hi u128, is4 bool) string {
+	return addrKey(pool, hi, is4) + "\x00"
+}
+
+// noAddrIn is the condition that no address of s is held in pool (no
+// address key in [addrKey(lo), addrKeysEnd(hi))).
+func noAddrIn(pool string, is4 bool, s span) store.Cond {
+	return store.AbsentRange(addrKey(pool, s.lo, is4), addrKeysEnd(pool, s.hi, is4))
 }
 
 func hexOf(v u128, is4 bool) string {

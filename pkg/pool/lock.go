@@ -60,7 +60,6 @@ type Stats struct {
 	conflicts   atomic.Int64
 	commits     atomic.Int64
 	claims      atomic.Int64
-	strayErrors atomic.Int64
 	unavailable atomic.Int64
 	onNotes     atomic.Int64
 	notesWrong  atomic.Int64
@@ -71,9 +70,6 @@ type StatsSnapshot struct {
 	Conflicts int64 // commits refused because state changed since it was read
 	Commits   int64 // commits that succeeded
 	Claims    int64 // ring changes this allocator planned to get space
-	// StrayErrors counts handoffs whose strays could not be given back
-	// right away (the allocation stood; Check reports the range).
-	StrayErrors int64
 	// Unavailable counts store calls that failed as unreachable or timed
 	// out and were retried within the caller's deadline.
 	Unavailable int64
@@ -86,5 +82,5 @@ type StatsSnapshot struct {
 func (s *Stats) conflict() { s.conflicts.Add(1) }
 
 func (s *Stats) snapshot() StatsSnapshot {
-	return StatsSnapshot{Conflicts: s.conflicts.Load(), Commits: s.commits.Load(), Claims: s.claims.Load(), StrayErrors: s.strayErrors.Load(), Unavailable: s.unavailable.Load(), OnNotes: s.onNotes.Load(), NotesWrong: s.notesWrong.Load()}
+	return StatsSnapshot{Conflicts: s.conflicts.Load(), Commits: s.commits.Load(), Claims: s.claims.Load(), Unavailable: s.unavailable.Load(), OnNotes: s.onNotes.Load(), NotesWrong: s.notesWrong.Load()}
 }

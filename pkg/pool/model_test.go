@@ -205,13 +205,11 @@ func checkState(m *model, s *mstate, opt checkOptions) string {
 			if !opt.tombstoneLeftovers {
 				return fmt.Sprintf("tombstoned: %s is held by %s of %s in a tombstoned range", short(a), h.Owner, h.Host)
 			}
-		case s.handBackPending(m, a, t.Host):
-			// A stray its claimer's hand-back step will return.
-		case slices.Contains(s.strays, a.lo):
-			// A stray whose claimer crashed: the quiescence check
-			// counts it as the known finding.
 		default:
-			return fmt.Sprintf("outside-range: %s is held by %s of %s but lies in a range of %s, and no hand-back is pending", short(a), h.Owner, h.Host, hostName(t.Host))
+			// No exception, not even for a moment: a claim of a live
+			// host's space requires in its commit that the space holds
+			// no address, so no stray can arise.
+			return fmt.Sprintf("outside-range: %s is held by %s of %s but lies in a range of %s", short(a), h.Owner, h.Host, hostName(t.Host))
 		}
 	}
 	if opt.counts {
@@ -236,17 +234,6 @@ func sortedAddrs(m map[u128]holder) []u128 {
 	}
 	slices.SortFunc(out, func(x, y u128) int { return x.cmp(y) })
 	return out
-}
-
-// handBackPending: an op of host claimer in flight has claimed a from a
-// live host and will hand strays there back (returnStrays).
-func (s *mstate) handBackPending(m *model, a u128, claimer string) bool {
-	for _, p := range s.procs {
-		if m.ops[p.op].host == claimer && slices.Contains(p.moved, a.lo) {
-			return true
-		}
-	}
-	return false
 }
 
 // checkCommit checks what one successful commit did: it takes or frees no
@@ -378,23 +365,15 @@ func nothingLeaked(st *mstore) string {
 	return ""
 }
 
-const strayFinding = "a stray outlives the crash of the allocation that claimed its range (issue 33 item 4)"
-
-// strayOutlivesCrash says the product still leaves a stray behind when the
-// claiming allocation dies before returnStrays (the known row of issue
-// 33). The ring check requires the model to reach it; item 4 flips this
-// to false, and the check then requires that no state shows it.
-const strayOutlivesCrash = true
-
 // ringModel: seed 002. A pool of six addresses whose every range was
 // tombstoned when host h0 left, one address still held there for h0's
 // reservation; hosts h1, h2, h3 allocate (dynamic and static, claiming
-// tombstoned space and live hosts' free space, handing strays back) and
-// release, up to three operations at once, any of them crashing after a
-// commit. Every state: checkState with exact counts and no owner in a
-// tombstoned range; every commit: checkCommit; every quiescent state: the
-// product's Audit is clean (strays of crashed claims aside), and after
-// every host's GC nothing is leaked.
+// tombstoned space and live hosts' free space) and release, up to three
+// operations at once, any of them crashing after a commit. Every state:
+// checkState with exact counts, no owner in a tombstoned range and none
+// outside its host's ranges; every commit: checkCommit; every quiescent
+// state: the product's Audit is clean, and after every host's GC nothing
+// is leaked.
 func ringModel(broken faults) *model {
 	m := &model{name: "ring", maxProcs: 3, broken: broken, attempts: 3,
 		clock: time.Unix(1_800_000_000, 500_000_000).UTC()}
@@ -437,9 +416,7 @@ func ringModel(broken faults) *model {
 		return checkState(m, s, checkOptions{counts: true})
 	}
 	m.quiescent = func(m *model, s *mstate, find func(name, detail string)) string {
-		if len(s.strays) > 0 {
-			find(strayFinding, fmt.Sprintf("%s stays outside its host's ranges: Audit says %s", short(u128{lo: s.strays[0]}), m.audit(s.st)))
-		} else if v := m.audit(s.st); v != "" {
+		if v := m.audit(s.st); v != "" {
 			return "Audit of a quiescent state: " + v
 		}
 		st, err := m.recoverWith(s, []string{"h1", "h2", "h3"}, nil)
@@ -471,8 +448,10 @@ func TestModelCheckRing(t *testing.T) {
 	if res.violation != "" {
 		t.Fatalf("model check %s: %s\ntrace:\n    %s", m.name, res.violation, strings.Join(res.trace, "\n    "))
 	}
-	if _, ok := res.findings[strayFinding]; ok != strayOutlivesCrash {
-		t.Fatalf("model check %s: finding %q reached: %v, want %v", m.name, strayFinding, ok, strayOutlivesCrash)
+	// Strays cannot arise (issue 33 item 4): the ring check has no
+	// finding at all.
+	for name := range res.findings {
+		t.Errorf("model check %s: finding %q reached, want none", m.name, name)
 	}
 }
 
@@ -549,8 +528,6 @@ func reclaimModel(broken faults) *model {
 		}
 		v := m.audit(st)
 		switch {
-		case len(s.strays) > 0:
-			find(strayFinding, "Audit says "+v)
 		case v != "" && isLive(st, "h1") && leftovers(v):
 			find(leftoverFinding, v)
 		case v != "" && leftovers(v):
@@ -594,7 +571,7 @@ func TestModelCheckBroken(t *testing.T) {
 	}{
 		{"ring condition dropped", ringModel, faults{noRingCond: true}, "outside-range"},
 		{"host-state condition dropped", ringModel, faults{noHostCond: true}, "host-count"},
-		{"stray hand-back skipped", ringModel, faults{skipStrays: true}, "outside-range"},
+		{"claim's range condition dropped", ringModel, faults{noRangeCond: true}, "outside-range"},
 		{"tombstones ignored", ringModel, faults{ignoreTombs: true}, "outside-range"},
 		{"tombstones ignored (returning host)", reclaimModel, faults{ignoreTombs: true}, "leak"},
 		{"liveness condition of reclaim dropped", reclaimModel, faults{noLiveCond: true}, "live host reclaimed"},

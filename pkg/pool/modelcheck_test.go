@@ -118,6 +118,14 @@ func (m *mstore) apply(conds []store.Cond, ops []store.Op) error {
 		return err
 	}
 	for _, c := range conds {
+		if c.IsRange() {
+			for k := range m.data {
+				if k >= c.Key && k < c.End {
+					return fmt.Errorf("%w: key %q exists in [%q, %q)", store.ErrConflict, k, c.Key, c.End)
+				}
+			}
+			continue
+		}
 		if m.data[c.Key].rev != c.Revision {
 			return fmt.Errorf("%w: key %q", store.ErrConflict, c.Key)
 		}
@@ -196,6 +204,9 @@ func commitCall(conds []store.Cond, ops []store.Op) string {
 	b.WriteString("commit")
 	for _, c := range conds {
 		b.WriteString(" ?" + c.Key)
+		if c.IsRange() {
+			b.WriteString(".." + c.End)
+		}
 	}
 	for _, o := range ops {
 		b.WriteString(" !" + o.Key)
@@ -294,9 +305,6 @@ type proc struct {
 	commits int // successful commits
 	// fenced: the op's host was tombstoned after the op last read.
 	fenced bool
-	// moved are addresses (u128 lo) its committed claims took from a
-	// live host: a donor allocation there is a stray it hands back.
-	moved []uint64
 }
 
 // mstate is one state of a model.
@@ -305,9 +313,6 @@ type mstate struct {
 	procs   []proc
 	started uint64 // ops started (bit per op)
 	crashed uint64 // ops crashed
-	// strays are the addresses moved by claims whose op crashed before
-	// handing their strays back (pruned to those still strays).
-	strays []uint64
 }
 
 func (s *mstate) inFlight(op int) bool {
@@ -389,7 +394,6 @@ func (m *model) runStep(st *mstore, p proc, commit bool) (proc, *commitRec, erro
 	n := p
 	n.log = ps.log
 	n.place = ps.place
-	n.moved = slices.Clone(p.moved)
 	if !commit {
 		n.fenced = false
 	}
@@ -537,17 +541,12 @@ type successor struct {
 }
 
 func (s *mstate) with(st *mstore, procs []proc) *mstate {
-	return &mstate{st: st, procs: procs, started: s.started, crashed: s.crashed, strays: slices.Clone(s.strays)}
+	return &mstate{st: st, procs: procs, started: s.started, crashed: s.crashed}
 }
 
 // successors lists every step from s.
 func (m *model) successors(t testing.TB, s *mstate) []successor {
 	var out []successor
-	defer func() {
-		for _, x := range out {
-			x.after.pruneStrays()
-		}
-	}()
 	fail := func(err error) { t.Fatalf("%s: %v", m.name, err) }
 	// Start an operation.
 	for i, o := range m.ops {
@@ -613,7 +612,6 @@ func (m *model) successors(t testing.TB, s *mstate) []successor {
 		if p.commits > 0 {
 			n := s.with(s.st.clone(), slices.Delete(slices.Clone(s.procs), j, j+1))
 			n.crashed |= 1 << p.op
-			n.strays = append(n.strays, p.moved...)
 			out = append(out, successor{transition{label: o.name + ": crashes", proc: -1, op: p.op, before: s}, n})
 		}
 	}
@@ -628,10 +626,6 @@ func (m *model) hash(s *mstate) [16]byte {
 	str := func(x string) { put(uint64(len(x))); h.Write([]byte(x)) }
 	put(s.started)
 	put(s.crashed)
-	for _, v := range s.strays {
-		put(v)
-	}
-	put(^uint64(0))
 	for _, k := range s.st.sortedKeys() {
 		str(k)
 		str(string(s.st.data[k].val))
@@ -640,10 +634,7 @@ func (m *model) hash(s *mstate) [16]byte {
 	for i, p := range s.procs {
 		sb := make([]byte, 0, 1024)
 		sb = binary.LittleEndian.AppendUint64(sb, uint64(p.op))
-		sb = append(sb, byte(p.place), boolByte(p.commits > 0), boolByte(p.fenced), byte(len(p.moved)))
-		for _, v := range p.moved {
-			sb = binary.LittleEndian.AppendUint64(sb, v)
-		}
+		sb = append(sb, byte(p.place), boolByte(p.commits > 0), boolByte(p.fenced))
 		for _, e := range p.log {
 			sb = append(sb, '[', boolByte(e.err))
 			for _, kv := range e.kvs {
@@ -674,9 +665,8 @@ func (m *model) hash(s *mstate) [16]byte {
 }
 
 // afterCommit keeps the bookkeeping of a successful commit by an op of
-// host o.host (proc idx of n, -1 when it ended): addresses its claim took
-// from a live host (moved), and the fencing of the ops of a host whose
-// ranges it tombstoned.
+// host o.host (proc idx of n, -1 when it ended): the fencing of the ops of
+// a host whose ranges it tombstoned.
 func (m *model) afterCommit(n *mstate, idx int, o mop, rec *commitRec) {
 	var before []byte
 	changed := false
@@ -691,9 +681,6 @@ func (m *model) afterCommit(n *mstate, idx int, o mop, rec *commitRec) {
 	old, now := modelRing(n.st, before), modelRing(n.st, n.st.data[ringKey(modelPool)].val)
 	for _, v := range modelAddrs() {
 		was, is := old.ownerOf(v), now.ownerOf(v)
-		if idx >= 0 && is.Host == o.host && !is.Tomb && was.Host != "" && was.Host != o.host && !was.Tomb {
-			n.procs[idx].moved = append(n.procs[idx].moved, v.lo)
-		}
 		if was.Host != "" && !was.Tomb && is.Host == was.Host && is.Tomb {
 			for j := range n.procs {
 				if j != idx && m.ops[n.procs[j].op].fenceable && m.ops[n.procs[j].op].host == was.Host {
@@ -702,32 +689,6 @@ func (m *model) afterCommit(n *mstate, idx int, o mop, rec *commitRec) {
 			}
 		}
 	}
-	if idx >= 0 {
-		slices.Sort(n.procs[idx].moved)
-		n.procs[idx].moved = slices.Compact(n.procs[idx].moved)
-	}
-}
-
-// pruneStrays keeps in s.strays the addresses that are still strays: held
-// by an owner of a host other than the one whose range holds them.
-func (s *mstate) pruneStrays() {
-	if len(s.strays) == 0 {
-		return
-	}
-	r := modelRing(s.st, s.st.data[ringKey(modelPool)].val)
-	var keep []uint64
-	for _, v := range s.strays {
-		e, ok := s.st.data[addrKey(modelPool, u128{lo: v}, true)]
-		if !ok {
-			continue
-		}
-		h := parseHolder(e.val)
-		if !h.IsHold() && r.ownerOf(u128{lo: v}).Host != h.Host {
-			keep = append(keep, v)
-		}
-	}
-	slices.Sort(keep)
-	s.strays = slices.Compact(keep)
 }
 
 func boolByte(b bool) byte {
