@@ -378,24 +378,52 @@ func (a *Allocator) PlanSweep(ctx context.Context, orphanAfter time.Duration) ([
 	}
 	var out []ReclaimPlan
 	for _, h := range hosts {
-		if !sweepable(h, a.host) {
+		ok, byIndex, err := a.sweepable(ctx, h)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
 			continue
 		}
 		p, err := a.planReclaim(ctx, h)
 		if err != nil {
 			return nil, err
 		}
+		if byIndex && len(p.Pools) == 0 && len(p.Owners) == 0 {
+			continue // what is left is not its reclaim's (see Sweep)
+		}
 		out = append(out, p)
 	}
 	return out, nil
 }
 
-// sweepable is Sweep's choice of the hosts it reclaims.
-func sweepable(h HostInfo, self string) bool {
-	if h.State != HostOrphaned || h.Name == self {
-		return false
+// sweepable is Sweep's choice of the hosts it reclaims: an orphaned host
+// (not this one) that was not reclaimed since it was orphaned, or that
+// has a live range, a used count or an owner left. The owners are looked
+// for last, in the host's index (one scan limited to one key), only for an
+// orphaned host that was reclaimed and shows nothing else (byIndex): a
+// reclaim that died after tombstoning a host that had claimed new ranges
+// since it was orphaned (and so dropped its state with its count) leaves
+// the owners there in tombstoned ranges, and the next sweep must find
+// them. An ADD costs nothing more.
+func (a *Allocator) sweepable(ctx context.Context, h HostInfo) (ok, byIndex bool, err error) {
+	if h.State != HostOrphaned || h.Name == a.host {
+		return false, false, nil
 	}
-	return h.OrphanedAt.IsZero() || h.Ranges != 0 || h.Used != 0
+	if h.OrphanedAt.IsZero() || h.Ranges != 0 || h.Used != 0 {
+		return true, false, nil
+	}
+	ok, err = a.ownersLeft(ctx, h.Name)
+	return ok, ok, err
+}
+
+// ownersLeft reports whether host's index names any owner.
+func (a *Allocator) ownersLeft(ctx context.Context, host string) (bool, error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	prefix := hostOwnersPrefix(host, "", "")
+	kvs, err := a.st.Scan(ctx, prefix, store.PrefixEnd(prefix), 1)
+	return len(kvs) > 0, err
 }
 
 // ReservationInfo is a reservation record as operators see it.

@@ -593,8 +593,6 @@ func TestModelCheckRing(t *testing.T) {
 
 const releaseFinding = "a release planned before its host was tombstoned commits after it: the host state it requires absent was written and dropped again in between (ABA); the owner's record was unchanged, so it is still released once, and the host's state comes back with count 0"
 
-const sweepSkipFinding = "a sweep that crashed after tombstoning a host orphaned before leaves its owners in tombstoned ranges: later sweeps skip the host (orphaned, no live range, no count), only rmpeer releases them (Audit: tombstoned)"
-
 const leftoverFinding = "a host that came back while its reclaim was under way keeps owners in its tombstoned ranges until it releases them, and its used count (dropped with its state) misses them (Audit: tombstoned, host-count)"
 
 // leftovers: the Audit violations v are those of leftoverFinding (on h1).
@@ -703,8 +701,6 @@ func reclaimModelOf(broken faults, ports bool) *model {
 		switch {
 		case v != "" && isLive(st, "h1") && leftovers(v):
 			find(leftoverFinding, v)
-		case v != "" && leftovers(v):
-			find(sweepSkipFinding, v)
 		case v != "":
 			return "Audit of a quiescent state after a sweep: " + v
 		}

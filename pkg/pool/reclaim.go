@@ -234,7 +234,12 @@ func (a *Allocator) Sweep(ctx context.Context, orphanAfter time.Duration) ([]Rec
 	var out []ReclaimReport
 	var errs []error
 	for _, h := range hosts {
-		if !sweepable(h, a.host) {
+		ok, byIndex, err := a.sweepable(ctx, h)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !ok {
 			continue // not orphaned, or reclaimed before with nothing new
 		}
 		rep, err := a.Reclaim(ctx, h.Name, ReclaimOptions{})
@@ -242,6 +247,11 @@ func (a *Allocator) Sweep(ctx context.Context, orphanAfter time.Duration) ([]Rec
 			if !errors.Is(err, ErrHostLive) {
 				errs = append(errs, err)
 			}
+			continue
+		}
+		if byIndex && rep.AlreadyWas && len(rep.Unshared) == 0 {
+			// Its owners left are none of its reclaim's (they lie
+			// outside its tombstoned ranges): nothing taken, no report.
 			continue
 		}
 		out = append(out, rep)

@@ -320,3 +320,76 @@ func TestCheckKeepsAnAgentlessHostSeen(t *testing.T) {
 		t.Fatalf("sweep after 3 silent days: %+v %v", reps, err)
 	}
 }
+
+// diesAfterStore is a store whose process dies after its first n commits:
+// every later commit fails with errCrashed (and changes nothing).
+type diesAfterStore struct {
+	store.Store
+	n int
+}
+
+func (c *diesAfterStore) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
+	if c.n == 0 {
+		return errCrashed
+	}
+	c.n--
+	return c.Store.Commit(ctx, conds, ops)
+}
+
+// TestSweepFinishesAReclaimCutShort: h1 is orphaned and reclaimed; its
+// plugin (its agent gone) still allocates d, claiming tombstoned space, so
+// h1 owns a live range again; orphaned once more, a sweep tombstones that
+// range (dropping h1's state and count) and dies before releasing d. h1
+// now shows an orphaned mark, no live range and no used count; the next
+// sweep must still release d (it finds it through h1's index), and so
+// must ringctl gc's plan.
+func TestSweepFinishesAReclaimCutShort(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	const after = time.Hour
+	h1, _ := New(st, "h1", WithClock(clk.Now))
+	h2, _ := New(st, "h2", WithClock(clk.Now))
+	for _, x := range []struct {
+		a  *Allocator
+		id string
+	}{{h1, "a"}, {h2, "c"}} {
+		if _, err := x.a.Allocate(ctx, Request{Owner: own(x.id), Wants: ipWant("p"), Defs: []Def{v4Def("p", "198.18.0.0/29")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	markLive(t, st, "h2")
+	clk.advance(2 * after)
+	if reps, err := h2.Sweep(ctx, after); err != nil || len(reps) != 1 || reps[0].Released != 1 {
+		t.Fatalf("first sweep: %+v %v", reps, err)
+	}
+	if _, err := h1.Allocate(ctx, Request{Owner: own("d"), Wants: ipWant("p")}); err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(2 * after)
+	h3, _ := New(&diesAfterStore{Store: st, n: 1}, "h3", WithClock(clk.Now))
+	if _, err := h3.Sweep(ctx, after); !errors.Is(err, errCrashed) {
+		t.Fatalf("the sweep that dies after its first commit: %v", err)
+	}
+	if _, ok, _ := h2.Lookup(ctx, own("d")); !ok {
+		t.Fatal("the crashed sweep released d")
+	}
+	plans, err := h2.PlanSweep(ctx, after)
+	if err != nil || len(plans) != 1 || len(plans[0].Owners) != 1 || plans[0].Owners[0].Owner != own("d") {
+		t.Fatalf("PlanSweep after the crash: %+v %v, want h1 with d to release", plans, err)
+	}
+	reps, err := h2.Sweep(ctx, after)
+	if err != nil || len(reps) != 1 || reps[0].Released != 1 {
+		t.Fatalf("sweep after the crash: %+v %v, want d released", reps, err)
+	}
+	if _, ok, _ := h2.Lookup(ctx, own("d")); ok {
+		t.Fatal("d is still held after the sweep")
+	}
+	if vs, err := h2.Audit(ctx); err != nil || len(vs) != 0 {
+		t.Fatalf("Audit: %v %v", vs, err)
+	}
+	// Nothing is left: later sweeps report nothing.
+	if reps, err := h2.Sweep(ctx, after); err != nil || len(reps) != 0 {
+		t.Fatalf("a later sweep: %+v %v", reps, err)
+	}
+}
