@@ -103,6 +103,9 @@ type Agent struct {
 
 	held     func() bool
 	nameLost atomic.Bool // another instance holds this host's liveness key now
+	// readopt: a lease was taken since the last successful Readopt (the
+	// next heartbeat runs it; see pool.Allocator.Readopt).
+	readopt  atomic.Bool
 	snapshot atomic.Pointer[Snapshot]
 	kick     chan struct{} // a watch saw published ports change
 
@@ -233,6 +236,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	report := func(nt *NameTakenError, everHeld bool) {
 		switch {
 		case nt == nil:
+			a.readopt.Store(true)
 			readyOnce.Do(func() { close(ready) })
 			if a.nameLost.Swap(false) {
 				a.log.Info("liveness: this host's name is held by this agent again", "host", a.cfg.Host)
@@ -417,6 +421,17 @@ func (a *Agent) heartbeat(ctx context.Context) {
 	if err != nil {
 		a.storeError("heartbeat", err)
 		return
+	}
+	if a.readopt.Swap(false) {
+		// Back under a lease: owners a reclaim cut short by this host's
+		// return left in its tombstoned ranges are its own again.
+		pools, err := a.alloc.Readopt(ctx)
+		if err != nil {
+			a.readopt.Store(true) // the next heartbeat tries again
+			a.storeError("readopt", err)
+		} else if len(pools) > 0 {
+			a.log.Warn("this host came back while its reclaim was under way: its owners left in tombstoned ranges are its own again", "host", a.cfg.Host, "pools", pools)
+		}
 	}
 	a.mu.Lock()
 	was := a.orphaned

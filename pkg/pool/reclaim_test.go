@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -391,5 +392,66 @@ func TestSweepFinishesAReclaimCutShort(t *testing.T) {
 	// Nothing is left: later sweeps report nothing.
 	if reps, err := h2.Sweep(ctx, after); err != nil || len(reps) != 0 {
 		t.Fatalf("a later sweep: %+v %v", reps, err)
+	}
+}
+
+// TestReturningHostReadoptsWhatItsReclaimLeft: a sweep tombstones h1's
+// ranges (dropping its state and count) and dies before releasing a; h1's
+// agent comes back. No reclaim may release a any more (h1 is live), so
+// h1 itself, once its liveness key exists, gives a's address back to its
+// own ranges and counts it: Audit is clean, a is still held by h1, and
+// h1 allocates and releases on from there with exact counts.
+func TestReturningHostReadoptsWhatItsReclaimLeft(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	const after = time.Hour
+	h1, _ := New(st, "h1", WithClock(clk.Now))
+	h2, _ := New(st, "h2", WithClock(clk.Now))
+	for _, x := range []struct {
+		a  *Allocator
+		id string
+	}{{h1, "a"}, {h2, "c"}} {
+		if _, err := x.a.Allocate(ctx, Request{Owner: own(x.id), Wants: ipWant("p"), Defs: []Def{v4Def("p", "198.18.0.0/29")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	markLive(t, st, "h2")
+	if _, err := h1.Readopt(ctx); !errors.Is(err, ErrNotLive) {
+		t.Fatalf("Readopt of a host whose liveness key is absent: %v, want ErrNotLive", err)
+	}
+	clk.advance(2 * after)
+	crashing, _ := New(&diesAfterStore{Store: st, n: 1}, "h2", WithClock(clk.Now))
+	if _, err := crashing.Sweep(ctx, after); !errors.Is(err, errCrashed) {
+		t.Fatalf("the sweep that dies after its first commit: %v", err)
+	}
+	markLive(t, st, "h1") // h1's agent is back
+	if vs, _ := h2.Audit(ctx); len(vs) == 0 {
+		t.Fatal("Audit is clean before h1 readopts: the crash left nothing behind?")
+	}
+	if reps, err := h2.Sweep(ctx, after); err != nil || len(reps) != 0 {
+		t.Fatalf("a sweep with h1 back: %+v %v, want nothing reclaimed", reps, err)
+	}
+	pools, err := h1.Readopt(ctx)
+	if err != nil || !slices.Equal(pools, []string{"p"}) {
+		t.Fatalf("Readopt: %v %v, want pool p changed", pools, err)
+	}
+	if vs, err := h2.Audit(ctx); err != nil || len(vs) != 0 {
+		t.Fatalf("Audit after h1 readopted: %v %v", vs, err)
+	}
+	if al, ok, _ := h2.Lookup(ctx, own("a")); !ok || al.Host != "h1" {
+		t.Fatalf("a after h1 readopted: %+v %v, want held by h1", al, ok)
+	}
+	if pools, err := h1.Readopt(ctx); err != nil || len(pools) != 0 {
+		t.Fatalf("a second Readopt: %v %v, want nothing to do", pools, err)
+	}
+	if _, err := h1.Allocate(ctx, Request{Owner: own("e"), Wants: ipWant("p")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := h1.Release(ctx, own("a")); err != nil {
+		t.Fatal(err)
+	}
+	if vs, err := h2.Audit(ctx); err != nil || len(vs) != 0 {
+		t.Fatalf("Audit after h1 allocated e and released a: %v %v", vs, err)
 	}
 }
