@@ -20,7 +20,10 @@
 // Every allocation has an Owner: a front end (Kind: cni, docker, port,
 // ringctl) and within it (network, container ID, interface). Listings, GC
 // and CHECK are scoped to one kind. Each host's index of its owners lets GC
-// and the reclaim of a gone host read that host's owners only. Allocate is idempotent per owner. A
+// and the reclaim of a gone host read that host's owners only (a sweep also
+// finds there the owners a reclaim that died half-way left; a host that
+// comes back before its owners were released takes them back with
+// Readopt). Allocate is idempotent per owner. A
 // Reservation name remembers an owner's addresses; after a release they stay
 // held for the name (WithReservationHold), then remain a preference.
 //

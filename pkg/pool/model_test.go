@@ -366,6 +366,26 @@ func checkCommit(m *model, tr *transition, reclaim bool) string {
 		// check runs one).
 		return ""
 	}
+	if o.kind == "alloc" {
+		// No allocation puts an owner into a tombstoned range (owners of
+		// before the tombstoning may be left there; Readopt takes back
+		// only those).
+		now := tr.before.st.data[ringKey(modelPool)].val
+		for _, op := range rec.ops {
+			if op.Key == ringKey(modelPool) {
+				now = op.Value
+			}
+		}
+		r := modelRing(tr.before.st, now)
+		for _, op := range rec.ops {
+			if !strings.HasPrefix(op.Key, addrPrefix(modelPool)) || op.Delete || parseHolder(op.Value).IsHold() {
+				continue
+			}
+			if a, ok := parseAddrKey(op.Key); ok && r.ownerOf(a).Tomb {
+				return fmt.Sprintf("tombstoned: %s allocates %s in a tombstoned range of %s", o.name, short(a), r.ownerOf(a).Host)
+			}
+		}
+	}
 	if tr.fenced && o.kind == "alloc" {
 		return fmt.Sprintf("stale view: %s commits from what it read before %s was reclaimed", o.name, o.host)
 	}
@@ -752,7 +772,7 @@ func TestModelCheckBroken(t *testing.T) {
 		{"host-state condition dropped", ringModel, faults{noHostCond: true}, "host-count"},
 		{"claim's range condition dropped", ringModel, faults{noRangeCond: true}, "outside-range"},
 		{"tombstones ignored", ringModel, faults{ignoreTombs: true}, "outside-range"},
-		{"tombstones ignored (returning host)", reclaimModel, faults{ignoreTombs: true}, "leak"},
+		{"tombstones ignored (returning host)", reclaimModel, faults{ignoreTombs: true}, "tombstoned"},
 		{"liveness condition of reclaim dropped", reclaimModel, faults{noLiveCond: true}, "live host reclaimed"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
