@@ -3,12 +3,17 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
+	"os"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/pkg/pool"
 )
 
@@ -87,4 +92,73 @@ func livenessValue(t *testing.T, c *cluster, host string) string {
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
+}
+
+// TestAgentThatLostItsNameFailsItsPlugins (issue 33, seed 002): an agent
+// whose host name another instance took while it ran (its lease lost, the
+// liveness key then written by that instance) serves its plugins no more:
+// ipam-ring's STATUS and ADD through its socket fail with "try again
+// later" (11) saying that another ringipamd holds the name, while a DEL
+// still runs (removing a container never blocks). The takeover is made
+// with etcd's own client, as a second agent would make it: the key is
+// moved onto that instance's lease, then the first agent's lease revoked.
+func TestAgentThatLostItsNameFailsItsPlugins(t *testing.T) {
+	c := newCluster(t)
+	const host = "lost-name"
+	sock := socketPath(t)
+	startBinary(t, nil, "--host", host, "--store", "etcd", "--etcd-endpoints", c.etcd.Endpoints()[0],
+		"--store-prefix", c.prefix, "--lease-ttl", "5s", "--heartbeat", "500ms", "--listen", "off",
+		"--ingress=false", "--store-socket", sock)
+	waitFor(t, 30*time.Second, "the agent's liveness key and socket", func() (bool, string) {
+		_, err := os.Stat(sock)
+		kvs, gerr := c.openStore(t).Get(t.Context(), pool.LivenessKey(host))
+		return err == nil && gerr == nil && kvs[0].Exists(), fmt.Sprint(err, gerr)
+	})
+	st := c.storeObj("")
+	st["agentSocket"] = sock
+	conf := ipamConf(t, "ag-lost", host, "198.18.46.0/24", st, nil)
+	if _, err := cnitest.ExecIPAM("ADD", conf, "before", ""); err != nil {
+		t.Fatalf("ADD while the agent holds its name: %v", err)
+	}
+
+	cli, err := clientv3.New(clientv3.Config{Endpoints: c.etcd.Endpoints(), DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	key := c.prefix + pool.LivenessKey(host)
+	got, err := cli.Get(ctx, key)
+	if err != nil || len(got.Kvs) != 1 || got.Kvs[0].Lease == 0 {
+		t.Fatalf("liveness key %s: %+v %v", key, got, err)
+	}
+	theirs, err := cli.Grant(ctx, 600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := fmt.Sprintf(`{"addr":"198.18.46.250","pid":%d,"started":%d,"instance":"0123456789abcdef"}`, os.Getpid(), time.Now().Unix())
+	moved, err := cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", got.Kvs[0].ModRevision)).
+		Then(clientv3.OpPut(key, other, clientv3.WithLease(theirs.ID))).Commit()
+	if err != nil || !moved.Succeeded {
+		t.Fatalf("moving the key to the other instance: %+v %v", moved, err)
+	}
+	if _, err := cli.Revoke(ctx, clientv3.LeaseID(got.Kvs[0].Lease)); err != nil {
+		t.Fatal(err)
+	}
+
+	const want = "another ringipamd holds this host's name"
+	waitFor(t, 60*time.Second, "STATUS through the agent to fail once its name is lost", func() (bool, string) {
+		_, err := cnitest.ExecIPAM("STATUS", conf, "", "")
+		return cnitest.CNICode(err) == 11 && strings.Contains(fmt.Sprint(err), want), fmt.Sprintf("code %d: %v", cnitest.CNICode(err), err)
+	})
+	if _, err := cnitest.ExecIPAM("ADD", conf, "after", ""); cnitest.CNICode(err) != 11 || !strings.Contains(err.Error(), want) {
+		t.Fatalf("ADD through an agent that lost its name: %v (code %d), want 11 saying %q", err, cnitest.CNICode(err), want)
+	}
+	if _, err := cnitest.ExecIPAM("DEL", conf, "before", ""); err != nil {
+		t.Fatalf("DEL through an agent that lost its name: %v, want it to run", err)
+	}
+	if after, err := cli.Get(ctx, key); err != nil || len(after.Kvs) != 1 || string(after.Kvs[0].Value) != other {
+		t.Fatalf("the other instance's liveness key after the refusals: %+v %v", after, err)
+	}
 }
