@@ -63,15 +63,7 @@ func (a *Allocator) Readopt(ctx context.Context) ([]string, error) {
 		}
 		for _, kv := range defs {
 			p := strings.TrimPrefix(kv.Key, prefixDef)
-			kvs, err := a.st.Get(ctx, defKey(p), ringKey(p), hostKey(p, a.host))
-			if err != nil {
-				return err
-			}
-			def, err := decodeDef(p, kvs[0])
-			if err != nil {
-				return err
-			}
-			r, err := decodeRing(def, kvs[1])
+			_, r, kvs, err := a.readRing(ctx, p, hostKey(p, a.host))
 			if err != nil {
 				return err
 			}

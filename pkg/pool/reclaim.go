@@ -100,15 +100,7 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 	for _, p := range pools {
 		changed := false
 		err := a.run(ctx, func(int) error {
-			kvs, err := a.st.Get(ctx, defKey(p), ringKey(p), hostKey(p, host))
-			if err != nil {
-				return err
-			}
-			def, err := decodeDef(p, kvs[0])
-			if err != nil {
-				return err
-			}
-			r, err := decodeRing(def, kvs[1])
+			_, r, kvs, err := a.readRing(ctx, p, hostKey(p, host))
 			if err != nil {
 				return err
 			}
@@ -305,15 +297,8 @@ func (a *Allocator) inTombstone(ctx context.Context, rings map[string]ring, host
 	for _, x := range rec.Addrs {
 		r, ok := rings[x.Pool]
 		if !ok {
-			kvs, err := a.st.Get(ctx, defKey(x.Pool), ringKey(x.Pool))
-			if err != nil {
-				return false, err
-			}
-			def, err := decodeDef(x.Pool, kvs[0])
-			if err != nil {
-				return false, err
-			}
-			if r, err = decodeRing(def, kvs[1]); err != nil {
+			var err error
+			if _, r, _, err = a.readRing(ctx, x.Pool); err != nil {
 				return false, err
 			}
 			rings[x.Pool] = r
@@ -351,15 +336,7 @@ func (a *Allocator) handOver(ctx context.Context, pool, host string, toPrevious 
 	handed := 0
 	err := a.run(ctx, func(int) error {
 		handed = 0
-		kvs, err := a.st.Get(ctx, defKey(pool), ringKey(pool))
-		if err != nil {
-			return err
-		}
-		def, err := decodeDef(pool, kvs[0])
-		if err != nil {
-			return err
-		}
-		r, err := decodeRing(def, kvs[1])
+		def, r, kvs, err := a.readRing(ctx, pool)
 		if err != nil {
 			return err
 		}
@@ -417,4 +394,23 @@ func (a *Allocator) handOver(ctx context.Context, pool, host string, toPrevious 
 		return a.st.Commit(ctx, append([]store.Cond{store.Unchanged(kvs[1])}, guard...), []store.Op{store.Put(ringKey(pool), b)})
 	})
 	return handed, err
+}
+
+// readRing reads pool's definition and ring, then the extra keys, at one
+// revision, and decodes the first two: kvs[0] is the definition's key as
+// read, kvs[1] the ring's, kvs[2:] the extra keys.
+func (a *Allocator) readRing(ctx context.Context, pool string, extra ...string) (Def, ring, []store.KV, error) {
+	kvs, err := a.st.Get(ctx, append([]string{defKey(pool), ringKey(pool)}, extra...)...)
+	if err != nil {
+		return Def{}, ring{}, nil, err
+	}
+	def, err := decodeDef(pool, kvs[0])
+	if err != nil {
+		return Def{}, ring{}, nil, err
+	}
+	r, err := decodeRing(def, kvs[1])
+	if err != nil {
+		return Def{}, ring{}, nil, err
+	}
+	return def, r, kvs, nil
 }
