@@ -346,20 +346,8 @@ func (c *diesAfterStore) Commit(ctx context.Context, conds []store.Cond, ops []s
 // must ringctl gc's plan.
 func TestSweepFinishesAReclaimCutShort(t *testing.T) {
 	ctx := context.Background()
-	st := memory.New()
-	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	st, clk, h1, h2 := twoHostsHoldingAAndC(t)
 	const after = time.Hour
-	h1, _ := New(st, "h1", WithClock(clk.Now))
-	h2, _ := New(st, "h2", WithClock(clk.Now))
-	for _, x := range []struct {
-		a  *Allocator
-		id string
-	}{{h1, "a"}, {h2, "c"}} {
-		if _, err := x.a.Allocate(ctx, Request{Owner: own(x.id), Wants: ipWant("p"), Defs: []Def{v4Def("p", "198.18.0.0/29")}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	markLive(t, st, "h2")
 	clk.advance(2 * after)
 	if reps, err := h2.Sweep(ctx, after); err != nil || len(reps) != 1 || reps[0].Released != 1 {
 		t.Fatalf("first sweep: %+v %v", reps, err)
@@ -403,20 +391,8 @@ func TestSweepFinishesAReclaimCutShort(t *testing.T) {
 // h1 allocates and releases on from there with exact counts.
 func TestReturningHostReadoptsWhatItsReclaimLeft(t *testing.T) {
 	ctx := context.Background()
-	st := memory.New()
-	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	st, clk, h1, h2 := twoHostsHoldingAAndC(t)
 	const after = time.Hour
-	h1, _ := New(st, "h1", WithClock(clk.Now))
-	h2, _ := New(st, "h2", WithClock(clk.Now))
-	for _, x := range []struct {
-		a  *Allocator
-		id string
-	}{{h1, "a"}, {h2, "c"}} {
-		if _, err := x.a.Allocate(ctx, Request{Owner: own(x.id), Wants: ipWant("p"), Defs: []Def{v4Def("p", "198.18.0.0/29")}}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	markLive(t, st, "h2")
 	if _, err := h1.Readopt(ctx); !errors.Is(err, ErrNotLive) {
 		t.Fatalf("Readopt of a host whose liveness key is absent: %v, want ErrNotLive", err)
 	}
@@ -454,4 +430,24 @@ func TestReturningHostReadoptsWhatItsReclaimLeft(t *testing.T) {
 	if vs, err := h2.Audit(ctx); err != nil || len(vs) != 0 {
 		t.Fatalf("Audit after h1 allocated e and released a: %v %v", vs, err)
 	}
+}
+
+// twoHostsHoldingAAndC is a memory store on a settable clock where h1 holds
+// owner a and h2 (live) holds owner c in pool p (198.18.0.0/29).
+func twoHostsHoldingAAndC(t *testing.T) (*memory.Store, *clock, *Allocator, *Allocator) {
+	t.Helper()
+	st := memory.New()
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	h1, _ := New(st, "h1", WithClock(clk.Now))
+	h2, _ := New(st, "h2", WithClock(clk.Now))
+	for _, x := range []struct {
+		a  *Allocator
+		id string
+	}{{h1, "a"}, {h2, "c"}} {
+		if _, err := x.a.Allocate(context.Background(), Request{Owner: own(x.id), Wants: ipWant("p"), Defs: []Def{v4Def("p", "198.18.0.0/29")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	markLive(t, st, "h2")
+	return st, clk, h1, h2
 }
