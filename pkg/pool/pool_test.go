@@ -18,7 +18,12 @@ func mustAddr(s string) netip.Addr     { return netip.MustParseAddr(s) }
 
 func newHosts(t *testing.T, def Def, hosts ...string) []*Allocator {
 	t.Helper()
-	st := memory.New()
+	return hostsOn(t, memory.New(), def, hosts...)
+}
+
+// hostsOn is one Allocator per host on st, each having defined def.
+func hostsOn(t *testing.T, st store.Store, def Def, hosts ...string) []*Allocator {
+	t.Helper()
 	var out []*Allocator
 	for _, h := range hosts {
 		a, err := New(st, h)

@@ -20,18 +20,7 @@ func localHosts(t *testing.T, def Def, hosts ...string) []*Allocator {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	var out []*Allocator
-	for _, h := range hosts {
-		a, err := New(st, h)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := a.Define(context.Background(), def); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, a)
-	}
-	return out
+	return hostsOn(t, st, def, hosts...)
 }
 
 // TestStaticOnlyRange: dynamic requests never get an address of a
