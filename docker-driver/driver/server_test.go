@@ -1,9 +1,7 @@
 package driver
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -24,18 +22,7 @@ import (
 // call posts body to path over a unix socket, as dockerd does.
 func call(t *testing.T, c *http.Client, path string, body any) (int, map[string]any) {
 	t.Helper()
-	b, _ := json.Marshal(body)
-	res, err := c.Post("http://plugin"+path, "application/vnd.docker.plugins.v1.2+json", bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	raw, _ := io.ReadAll(res.Body)
-	out := map[string]any{}
-	if err := json.Unmarshal(raw, &out); err != nil {
-		t.Fatalf("%s: response %q: %v", path, raw, err)
-	}
-	return res.StatusCode, out
+	return callURL(t, c, "http://plugin"+path, body)
 }
 
 func TestServeProtocol(t *testing.T) {
