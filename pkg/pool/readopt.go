@@ -29,7 +29,9 @@ var ErrNotLive = errors.New("this host's liveness key does not exist")
 // commit conditioned on the liveness key as read (present), the ring and
 // the host's state, so no reclaim commit and no allocation or release of
 // the host lands between its reads and its commit; the liveness key is
-// read before the owners, so every reclaim commit came before those reads.
+// read before the owners, so every reclaim commit came before those reads,
+// and so are each pool's ring and state, so every allocation or release
+// that the owners read misses changes the state and refuses the commit.
 // It returns the pools it changed; none when nothing was cut short.
 func (a *Allocator) Readopt(ctx context.Context) ([]string, error) {
 	ctx, cancel := a.ctx(ctx)
@@ -44,6 +46,29 @@ func (a *Allocator) Readopt(ctx context.Context) ([]string, error) {
 		if !live[0].Exists() {
 			return fmt.Errorf("%w: readopting %s's owners", ErrNotLive, a.host)
 		}
+		// Each pool's ring and host state are read before the owners: an
+		// allocation or release of this host that commits after these
+		// reads changes the host state, so the commit below is refused
+		// and the whole readoption runs again; one that committed before
+		// them is among the owners read next.
+		defs, err := a.st.Scan(ctx, prefixDef, store.PrefixEnd(prefixDef), 0)
+		if err != nil {
+			return err
+		}
+		type poolRead struct {
+			name string
+			r    ring
+			kvs  []store.KV
+		}
+		pools := make([]poolRead, 0, len(defs))
+		for _, kv := range defs {
+			p := strings.TrimPrefix(kv.Key, prefixDef)
+			_, r, kvs, err := a.readRing(ctx, p, hostKey(p, a.host))
+			if err != nil {
+				return err
+			}
+			pools = append(pools, poolRead{p, r, kvs})
+		}
 		held, _, err := a.hostOwners(ctx, a.host, "", "")
 		if err != nil {
 			return err
@@ -57,16 +82,8 @@ func (a *Allocator) Readopt(ctx context.Context) ([]string, error) {
 				mine[x.Pool] = append(mine[x.Pool], toU128(x.Addr))
 			}
 		}
-		defs, err := a.st.Scan(ctx, prefixDef, store.PrefixEnd(prefixDef), 0)
-		if err != nil {
-			return err
-		}
-		for _, kv := range defs {
-			p := strings.TrimPrefix(kv.Key, prefixDef)
-			_, r, kvs, err := a.readRing(ctx, p, hostKey(p, a.host))
-			if err != nil {
-				return err
-			}
+		for _, pr := range pools {
+			p, r, kvs := pr.name, pr.r, pr.kvs
 			out := r
 			for _, v := range mine[p] {
 				if t := out.ownerOf(v); t.Host == a.host && t.Tomb {

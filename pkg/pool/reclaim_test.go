@@ -451,3 +451,46 @@ func twoHostsHoldingAAndC(t *testing.T) (*memory.Store, *clock, *Allocator, *All
 	markLive(t, st, "h2")
 	return st, clk, h1, h2
 }
+
+// afterScanStore runs hook once, right after the first Scan of prefix
+// returns: a write of another process landing between two reads.
+type afterScanStore struct {
+	store.Store
+	prefix string
+	hook   func()
+	done   bool
+}
+
+func (s *afterScanStore) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
+	kvs, err := s.Store.Scan(ctx, from, to, limit)
+	if !s.done && from == s.prefix {
+		s.done = true
+		s.hook()
+	}
+	return kvs, err
+}
+
+// An allocation of the host that commits while Readopt runs (right after
+// it read the host's owners) must not leave the host's count at what those
+// owners held: the agent runs Readopt when it takes its lease, while its
+// plugins may be allocating.
+func TestReadoptRacingAnAllocationKeepsTheCount(t *testing.T) {
+	ctx := context.Background()
+	st, clk, h1, _ := twoHostsHoldingAAndC(t)
+	markLive(t, st, "h1")
+	racing := &afterScanStore{Store: st, prefix: hostOwnersPrefix("h1", "", ""), hook: func() {
+		if _, err := h1.Allocate(ctx, Request{Owner: own("e"), Wants: ipWant("p")}); err != nil {
+			t.Errorf("the racing allocation: %v", err)
+		}
+	}}
+	readopting, _ := New(racing, "h1", WithClock(clk.Now))
+	if _, err := readopting.Readopt(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !racing.done {
+		t.Fatal("Readopt never scanned the host's owners: the race was not run")
+	}
+	if vs, err := h1.Audit(ctx); err != nil || len(vs) != 0 {
+		t.Fatalf("Audit after Readopt raced an allocation: %v %v", vs, err)
+	}
+}
