@@ -12,12 +12,12 @@ cache=$(go env GOCACHE)/fuzz/github.com/ringipam/ringipam
 # package:target
 TARGETS=(
 	pkg/pool:FuzzRingAgainstModel
-	plugins/ipam-ring/ipamring:FuzzConfigAndArgs
-	plugins/ipam-ring/ipamring:FuzzLoad
+	pkg/cni/ipam:FuzzConfigAndArgs
+	pkg/cni/ipam:FuzzLoad
 	docker-driver/driver:FuzzRequests
 	docker-driver/driver:FuzzParsePoolID
 	pkg/storeconfig:FuzzDuration
-	plugins/portmap-ingress/portmap:FuzzLoadMappings
+	pkg/cni/portmap:FuzzLoadMappings
 )
 for pkg in pkg/portalloc; do
 	[[ -d $pkg ]] || continue

@@ -10,9 +10,9 @@ import (
 
 	"github.com/docker/go-plugins-helpers/ipam"
 
+	cniipam "github.com/ringipam/ringipam/pkg/cni/ipam"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store/memory"
-	"github.com/ringipam/ringipam/plugins/ipam-ring/ipamring"
 )
 
 // The Docker driver and the CNI plugin given the same subnet under the same
@@ -40,12 +40,12 @@ func TestBothFrontEndsRecordOneDefinition(t *testing.T) {
 					rng = fmt.Sprintf(`{"subnet":%q,"gateway":%q}`, tc.subnet, tc.gw)
 				}
 				conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"cninet","ipam":{"type":"ipam-ring","host":"cnihost","pools":["shared"],"ranges":[[%s]]}}`, rng)
-				c, err := ipamring.Load([]byte(conf), "")
+				c, err := cniipam.Load([]byte(conf), "")
 				if err != nil {
 					t.Fatal(err)
 				}
 				cni := func() error {
-					_, err := ipamring.Add(ctx, a, c, ipamring.Attachment{ContainerID: "c1", IfName: "eth0"})
+					_, err := cniipam.Add(ctx, a, c, cniipam.Attachment{ContainerID: "c1", IfName: "eth0"})
 					return err
 				}
 				docker := func() error {
@@ -121,7 +121,7 @@ func TestBothFrontEndsClassifyAlike(t *testing.T) {
 		if got := Class(tc.err); got != tc.class {
 			t.Errorf("driver class of %v = %s, want %s", tc.err, got, tc.class)
 		}
-		if got := ipamring.CNIError(tc.err).Code; got != tc.code {
+		if got := cniipam.CNIError(tc.err).Code; got != tc.code {
 			t.Errorf("plugin code of %v = %d, want %d", tc.err, got, tc.code)
 		}
 	}

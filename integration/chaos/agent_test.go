@@ -25,8 +25,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/portalloc"
-	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 // A host agent is this test binary run again (agentEnv set) inside a host's

@@ -27,11 +27,11 @@ import (
 
 	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
+	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	etcdstore "github.com/ringipam/ringipam/pkg/store/etcd"
-	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 var keep = flag.Bool("chaos.keep", false, "save every run's history as JSON in the temp directory (a run that does not check out is always saved)")

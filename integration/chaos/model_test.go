@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/portalloc"
-	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 // The checks of a run on hand-made histories: each must be able to say no.

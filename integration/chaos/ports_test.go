@@ -14,8 +14,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/portalloc"
-	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 // Published ports. Every host worker runs portmap-ingress after a

@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ringipam/ringipam/pkg/cni/ipam"
+	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
@@ -23,8 +25,6 @@ import (
 	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store/relay"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
-	"github.com/ringipam/ringipam/plugins/ipam-ring/ipamring"
-	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 // ParseLevel maps a log level name to slog's level.
@@ -320,7 +320,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			func(msg string, args ...any) { a.log.Warn(msg, args...) })
 		// Whole ipam-ring invocations too: on etcd the plugin then makes
 		// one exchange with the agent instead of one per store call.
-		srv.Invoker = nameGuard{inner: ipamring.AgentInvoker{Store: a.st, Config: a.cfg.Store}, lost: a.nameLost.Load, host: a.cfg.Host}
+		srv.Invoker = nameGuard{inner: ipam.AgentInvoker{Store: a.st, Config: a.cfg.Store}, lost: a.nameLost.Load, host: a.cfg.Host}
 		srv.OnCall = func(op string, err error) {
 			result := "ok"
 			switch {

@@ -12,9 +12,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
-	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 // EnvPrefix starts the environment variable of every flag:

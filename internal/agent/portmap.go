@@ -5,8 +5,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/portalloc"
-	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 // portmap-ingress's table on this host is the plugin's: its ADD installs an

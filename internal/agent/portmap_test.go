@@ -9,10 +9,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store/memory"
-	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 // fakePortmap is portmap-ingress's table: rules by mark.

@@ -10,9 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ringipam/ringipam/pkg/cni/ipam"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
-	"github.com/ringipam/ringipam/plugins/ipam-ring/ipamring"
 )
 
 // ExplainArgs describe the ADD to explain: the network's configuration (its
@@ -64,12 +64,12 @@ func (c *Ctl) Explain(ctx context.Context, args ExplainArgs) (Explanation, error
 	need := uint64(1)
 	network := ""
 	if len(args.NetConf) > 0 {
-		cfg, err := ipamring.Load(args.NetConf, "")
+		cfg, err := ipam.Load(args.NetConf, "")
 		if err != nil {
 			return ex, fmt.Errorf("%w: %w", errUsage, err)
 		}
 		given, network = cfg.Defs(), cfg.Network
-		if cfg.GatewayMode == ipamring.GatewayPerContainer {
+		if cfg.GatewayMode == ipam.GatewayPerContainer {
 			need = 2
 		}
 	}
@@ -270,10 +270,10 @@ func (c *Ctl) explainOwner(ctx context.Context, o pool.Owner, host string, ip ne
 	case !ok:
 		f.Verdict, f.Detail = VerdictOK, fmt.Sprintf("%s holds nothing: ADD allocates", o)
 	case host != "" && al.Host != host:
-		f.Verdict, f.CNICode = VerdictFail, int(ipamring.CodeAlreadyExists)
+		f.Verdict, f.CNICode = VerdictFail, int(ipam.CodeAlreadyExists)
 		f.Detail = fmt.Sprintf("%s already holds %v, allocated on host %s: release it there first (ringctl release --owner %s)", o, addrsOf(al), al.Host, o)
 	case ip.IsValid() && !slices.Contains(addrsOf(al), ip):
-		f.Verdict, f.CNICode = VerdictFail, int(ipamring.CodeAlreadyExists)
+		f.Verdict, f.CNICode = VerdictFail, int(ipam.CodeAlreadyExists)
 		f.Detail = fmt.Sprintf("%s already holds %v; asked for %s (release it first)", o, addrsOf(al), ip)
 	default:
 		f.Verdict, f.Detail = VerdictOK, fmt.Sprintf("%s already holds %v: ADD returns it", o, addrsOf(al))

@@ -12,8 +12,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/ringipam/ringipam/pkg/cni/ipam"
 	"github.com/ringipam/ringipam/pkg/pool"
-	"github.com/ringipam/ringipam/plugins/ipam-ring/ipamring"
 )
 
 // ImportArgs says what import host-local adopts.
@@ -116,7 +116,7 @@ func (c *Ctl) ImportHostLocal(ctx context.Context, args ImportArgs) (ImportRepor
 	return rep, nil
 }
 
-func importOne(ctx context.Context, a *pool.Allocator, cfg *ipamring.Config, owner pool.Owner, addrs []netip.Addr, dry bool) ImportedOwner {
+func importOne(ctx context.Context, a *pool.Allocator, cfg *ipam.Config, owner pool.Owner, addrs []netip.Addr, dry bool) ImportedOwner {
 	out := ImportedOwner{Owner: owner, Addrs: addrs}
 	refuse := func(format string, a ...any) ImportedOwner {
 		out.Result, out.Detail = ImportRefused, fmt.Sprintf(format, a...)
@@ -127,7 +127,7 @@ func importOne(ctx context.Context, a *pool.Allocator, cfg *ipamring.Config, own
 	}
 	var wants []pool.Want
 	for _, addr := range addrs {
-		i := slices.IndexFunc(cfg.RangeSets, func(rs ipamring.RangeSet) bool { return rs.Def.Contains(addr) })
+		i := slices.IndexFunc(cfg.RangeSets, func(rs ipam.RangeSet) bool { return rs.Def.Contains(addr) })
 		if i < 0 {
 			return refuse("%s is in no range of the configuration", addr)
 		}
@@ -206,7 +206,7 @@ func sameAddrs(a, b []netip.Addr) bool {
 
 // importConfig loads the network's configuration as ipam-ring would, with
 // the ipam type switched to ipam-ring and host-local-only keys dropped.
-func importConfig(args ImportArgs) (*ipamring.Config, error) {
+func importConfig(args ImportArgs) (*ipam.Config, error) {
 	if len(args.NetConf) == 0 {
 		return nil, usagef("import needs the network's configuration: --config (or --conflist) naming its conflist")
 	}
@@ -214,24 +214,24 @@ func importConfig(args ImportArgs) (*ipamring.Config, error) {
 	if err := json.Unmarshal(args.NetConf, &net); err != nil {
 		return nil, usagef("network config: %v", err)
 	}
-	var ipam map[string]json.RawMessage
-	if err := json.Unmarshal(net["ipam"], &ipam); err != nil || ipam == nil {
+	var ipamConf map[string]json.RawMessage
+	if err := json.Unmarshal(net["ipam"], &ipamConf); err != nil || ipamConf == nil {
 		return nil, usagef("network config has no \"ipam\" object")
 	}
-	ipam["type"] = json.RawMessage(`"ipam-ring"`)
-	delete(ipam, "resolvConf") // host-local only; not an address setting
+	ipamConf["type"] = json.RawMessage(`"ipam-ring"`)
+	delete(ipamConf, "resolvConf") // host-local only; not an address setting
 	host, _ := json.Marshal(args.Host)
-	ipam["host"] = host
-	net["ipam"], _ = json.Marshal(ipam)
+	ipamConf["host"] = host
+	net["ipam"], _ = json.Marshal(ipamConf)
 	b, _ := json.Marshal(net)
-	cfg, err := ipamring.Load(b, "")
+	cfg, err := ipam.Load(b, "")
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if args.Network != "" && args.Network != cfg.Network {
 		return nil, usagef("--network %s differs from the configuration's name %s, under which ipam-ring will see the containers", args.Network, cfg.Network)
 	}
-	if cfg.GatewayMode != ipamring.GatewayShared {
+	if cfg.GatewayMode != ipam.GatewayShared {
 		return nil, usagef("import supports gatewayMode \"shared\" only (host-local has no per-container gateways)")
 	}
 	return cfg, nil

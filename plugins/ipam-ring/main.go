@@ -9,14 +9,14 @@
 // Command ipam-ring is a CNI IPAM plugin that hands out container addresses
 // unique across every host sharing a ringipam store (etcd, or the embedded
 // local store for a single host). See README.md for its configuration and
-// error codes; the work is done by package ipamring.
+// error codes; the work is done by package ipam.
 package main
 
 import (
 	"github.com/ringipam/ringipam/internal/cnimain"
-	"github.com/ringipam/ringipam/plugins/ipam-ring/ipamring"
+	"github.com/ringipam/ringipam/pkg/cni/ipam"
 )
 
 func main() {
-	cnimain.Run(ipamring.Edge{ToAgent: true}.Funcs(), ipamring.SupportedVersions, "ipam-ring: cluster-wide CNI IPAM on a ring of host-owned ranges")
+	cnimain.Run(ipam.Edge{ToAgent: true}.Funcs(), ipam.SupportedVersions, "ipam-ring: cluster-wide CNI IPAM on a ring of host-owned ranges")
 }

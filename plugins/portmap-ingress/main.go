@@ -13,7 +13,7 @@ package main
 
 import (
 	"github.com/ringipam/ringipam/internal/cnimain"
-	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
+	"github.com/ringipam/ringipam/pkg/cni/portmap"
 )
 
 func main() {

@@ -19,16 +19,16 @@ import (
 
 	"github.com/ringipam/ringipam/integration/chaos/testdata/broken"
 	"github.com/ringipam/ringipam/internal/cnimain"
+	"github.com/ringipam/ringipam/pkg/cni/ipam"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/retry"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
-	"github.com/ringipam/ringipam/plugins/ipam-ring/ipamring"
 )
 
-// open is ipamring.OpenAllocator on the broken store, with the same
+// open is ipam.OpenAllocator on the broken store, with the same
 // options (the retry policy's values are ipam-ring's contentionRetry).
-func open(_ context.Context, c *ipamring.Config) (ipamring.Allocator, func() error, error) {
+func open(_ context.Context, c *ipam.Config) (ipam.Allocator, func() error, error) {
 	st, err := storeconfig.Open(c.Store)
 	if err != nil {
 		return nil, nil, fmt.Errorf("opening store: %w", err)
@@ -38,11 +38,11 @@ func open(_ context.Context, c *ipamring.Config) (ipamring.Allocator, func() err
 		pool.WithHostLock(hostlock.DefaultDir), pool.WithReservationHold(c.ReservationHold))
 	if err != nil {
 		st.Close()
-		return nil, nil, fmt.Errorf("%w: host %q: %w", ipamring.ErrBadConfig, c.Host, err)
+		return nil, nil, fmt.Errorf("%w: host %q: %w", ipam.ErrBadConfig, c.Host, err)
 	}
 	return a, st.Close, nil
 }
 
 func main() {
-	cnimain.Run(ipamring.Edge{Open: open}.Funcs(), ipamring.SupportedVersions, "ipam-ring, broken on purpose (chaos suite only)")
+	cnimain.Run(ipam.Edge{Open: open}.Funcs(), ipam.SupportedVersions, "ipam-ring, broken on purpose (chaos suite only)")
 }

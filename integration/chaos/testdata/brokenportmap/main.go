@@ -18,11 +18,11 @@ import (
 
 	"github.com/ringipam/ringipam/integration/chaos/testdata/broken"
 	"github.com/ringipam/ringipam/internal/cnimain"
+	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/retry"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
-	"github.com/ringipam/ringipam/plugins/portmap-ingress/portmap"
 )
 
 // open is portmap.OpenConfigured on the broken store, with the same options

@@ -2,7 +2,7 @@
 // ipRanges capabilities, args.cni.ips, the pod annotation asking for an
 // address, and GC's valid attachments.
 
-package ipamring
+package ipam
 
 import (
 	"encoding/json"

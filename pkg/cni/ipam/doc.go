@@ -1,4 +1,4 @@
-// Package ipamring is the core of the ipam-ring CNI IPAM plugin: it parses
+// Package ipam is the core of the ipam-ring CNI IPAM plugin: it parses
 // and validates the plugin's configuration once, at the door (Load), and runs
 // the five CNI verbs (Add, Del, Check, GC, Status) against a pool allocator,
 // returning results instead of printing them. Edge is the thin edge that
@@ -34,4 +34,4 @@
 //
 // The functions are safe for concurrent use; the configuration values they
 // take are not modified.
-package ipamring
+package ipam

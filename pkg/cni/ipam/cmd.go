@@ -1,4 +1,4 @@
-package ipamring
+package ipam
 
 import (
 	"context"

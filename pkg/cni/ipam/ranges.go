@@ -1,6 +1,6 @@
 // This file: the range sets of a configuration, their pools and exclusions.
 
-package ipamring
+package ipam
 
 import (
 	"crypto/sha256"
