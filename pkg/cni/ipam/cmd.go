@@ -7,10 +7,10 @@ import (
 	"os"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/names"
 	"github.com/ringipam/ringipam/pkg/pool"
@@ -22,8 +22,8 @@ import (
 // SupportedVersions are the CNI spec versions ipam-ring speaks.
 var SupportedVersions = version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 
-// Edge runs the verbs for cnimain: load config, open the store, call the core,
-// print, map errors. The zero value opens the configured store and prints to
+// Edge runs the verbs for skel.PluginMainFuncs: load config, open the
+// store, call the core, print, map errors. The zero value opens the configured store and prints to
 // os.Stdout.
 type Edge struct {
 	// Open returns an allocator for c and a function that closes it. Nil
@@ -38,9 +38,9 @@ type Edge struct {
 	ToAgent bool
 }
 
-// Funcs returns the five verbs for cnimain.Run.
-func (e Edge) Funcs() cnimain.Funcs {
-	return cnimain.Funcs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
+// Funcs returns the five verbs for skel.PluginMainFuncs.
+func (e Edge) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
 }
 
 func (e Edge) stdout() io.Writer {
@@ -51,30 +51,33 @@ func (e Edge) stdout() io.Writer {
 }
 
 // Add is the ADD verb.
-func (e Edge) Add(args *cnimain.CmdArgs) error { return e.call("ADD", args) }
+func (e Edge) Add(args *skel.CmdArgs) error { return e.call("ADD", args) }
 
 // Del is the DEL verb. It needs no network namespace.
-func (e Edge) Del(args *cnimain.CmdArgs) error { return e.call("DEL", args) }
+func (e Edge) Del(args *skel.CmdArgs) error { return e.call("DEL", args) }
 
 // Check is the CHECK verb.
-func (e Edge) Check(args *cnimain.CmdArgs) error { return e.call("CHECK", args) }
+func (e Edge) Check(args *skel.CmdArgs) error { return e.call("CHECK", args) }
 
 // GC is the GC verb (CNI 1.1).
-func (e Edge) GC(args *cnimain.CmdArgs) error { return e.call("GC", args) }
+func (e Edge) GC(args *skel.CmdArgs) error { return e.call("GC", args) }
 
 // Status is the STATUS verb (CNI 1.1): code 50 when ADD cannot be served.
-func (e Edge) Status(args *cnimain.CmdArgs) error { return e.call("STATUS", args) }
+func (e Edge) Status(args *skel.CmdArgs) error { return e.call("STATUS", args) }
 
 // A verb runs one CNI command on a loaded configuration under parent and
 // returns the error the runtime sees (a *types.Error, or nil).
-type verb func(e Edge, parent context.Context, c *Config, args *cnimain.CmdArgs) error
+type verb func(e Edge, parent context.Context, c *Config, args *skel.CmdArgs) error
 
 // verbs are the verbs by CNI_COMMAND.
 var verbs = map[string]verb{"ADD": Edge.add, "DEL": Edge.del, "CHECK": Edge.check, "GC": Edge.gc, "STATUS": Edge.status}
 
 // call runs the verb of command for args: through the host agent when
 // ToAgent is set and an agent serves the call, here otherwise.
-func (e Edge) call(command string, args *cnimain.CmdArgs) error {
+func (e Edge) call(command string, args *skel.CmdArgs) error {
+	if err := checkSize(args.StdinData); err != nil {
+		return wire(err) // before the agent is asked to take it
+	}
 	if e.ToAgent {
 		if served, err := e.forward(command, args); served {
 			return err
@@ -90,7 +93,7 @@ func (e Edge) call(command string, args *cnimain.CmdArgs) error {
 // dispatch runs command's verb, here or for the agent, once the names of
 // the attachment passed pkg/names' rules (code 7 otherwise, before any
 // store work). GC and STATUS name no attachment.
-func (e Edge) dispatch(ctx context.Context, command string, c *Config, args *cnimain.CmdArgs) error {
+func (e Edge) dispatch(ctx context.Context, command string, c *Config, args *skel.CmdArgs) error {
 	switch command {
 	case "ADD", "DEL", "CHECK":
 		if err := names.CNI(c.Network, args.ContainerID, args.IfName); err != nil {
@@ -164,11 +167,11 @@ func newAllocator(st store.Store, c *Config, locks pool.HostLocker) (*pool.Alloc
 	return a, nil
 }
 
-func attachment(args *cnimain.CmdArgs) Attachment {
+func attachment(args *skel.CmdArgs) Attachment {
 	return Attachment{ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
-func (e Edge) add(parent context.Context, c *Config, args *cnimain.CmdArgs) error {
+func (e Edge) add(parent context.Context, c *Config, args *skel.CmdArgs) error {
 	if c.Chained {
 		// Chained only for GC/STATUS: pass the previous result through.
 		if c.PrevResult == nil {
@@ -188,7 +191,7 @@ func (e Edge) add(parent context.Context, c *Config, args *cnimain.CmdArgs) erro
 	return wire(printAs(e.stdout(), res, c.CNIVersion))
 }
 
-func (e Edge) del(parent context.Context, c *Config, args *cnimain.CmdArgs) error {
+func (e Edge) del(parent context.Context, c *Config, args *skel.CmdArgs) error {
 	if c.Chained {
 		return nil // the main plugin's IPAM delegation releases
 	}
@@ -197,7 +200,7 @@ func (e Edge) del(parent context.Context, c *Config, args *cnimain.CmdArgs) erro
 	}))
 }
 
-func (e Edge) check(parent context.Context, c *Config, args *cnimain.CmdArgs) error {
+func (e Edge) check(parent context.Context, c *Config, args *skel.CmdArgs) error {
 	if c.Chained {
 		return nil
 	}
@@ -206,14 +209,14 @@ func (e Edge) check(parent context.Context, c *Config, args *cnimain.CmdArgs) er
 	}))
 }
 
-func (e Edge) gc(parent context.Context, c *Config, _ *cnimain.CmdArgs) error {
+func (e Edge) gc(parent context.Context, c *Config, _ *skel.CmdArgs) error {
 	return wire(e.run(parent, c, func(ctx context.Context, a Allocator) error {
 		_, err := GC(ctx, a, c)
 		return err
 	}))
 }
 
-func (e Edge) status(parent context.Context, c *Config, _ *cnimain.CmdArgs) error {
+func (e Edge) status(parent context.Context, c *Config, _ *skel.CmdArgs) error {
 	err := e.run(parent, c, func(ctx context.Context, a Allocator) error {
 		return Status(ctx, a, c)
 	})
@@ -221,6 +224,16 @@ func (e Edge) status(parent context.Context, c *Config, _ *cnimain.CmdArgs) erro
 		return nil
 	}
 	return statusError(err)
+}
+
+// printAs prints r to w as CNI version ver (types.PrintResult's
+// conversion, to w rather than os.Stdout: the agent captures it).
+func printAs(w io.Writer, r types.Result, ver string) error {
+	out, err := r.GetAsVersion(ver)
+	if err != nil {
+		return fmt.Errorf("%w: cannot express the result as CNI %s: %w", ErrBadConfig, ver, err)
+	}
+	return out.PrintTo(w)
 }
 
 // wire returns err as a *types.Error, and a nil error (not a typed nil

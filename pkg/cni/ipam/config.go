@@ -17,6 +17,21 @@ import (
 	"github.com/ringipam/ringipam/pkg/pool"
 )
 
+// MaxConfig is the largest network configuration Load accepts (4 MiB):
+// far above any real conflist entry with its prevResult (a few KiB). The
+// CNI library's skel reads stdin whole before the verb runs, so the bound
+// keeps a huge configuration from being decoded and served, not from
+// being read.
+const MaxConfig = 4 << 20
+
+// checkSize refuses (code 7) a configuration larger than MaxConfig.
+func checkSize(stdin []byte) error {
+	if len(stdin) > MaxConfig {
+		return badConfig("network configuration of %d bytes is larger than %d bytes", len(stdin), MaxConfig)
+	}
+	return nil
+}
+
 // DefaultTimeout bounds one plugin invocation (store open plus all store
 // calls) when the configuration sets no "timeout".
 const DefaultTimeout = 30 * time.Second
@@ -197,12 +212,14 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 
 // load is Load with the machine's hostname given ("": ask the system).
 func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
+	if err := checkSize(stdin); err != nil {
+		return nil, err
+	}
+	// The network configuration carries other plugins' and the runtime's
+	// keys: decoded leniently, as every CNI plugin does.
 	var n netJSON
-	if !decodeNetFast(stdin, &n) {
-		n = netJSON{}
-		if err := json.Unmarshal(stdin, &n); err != nil {
-			return nil, badConfig("cannot parse network configuration: %v", err)
-		}
+	if err := json.Unmarshal(stdin, &n); err != nil {
+		return nil, badConfig("cannot parse network configuration: %v", err)
 	}
 	if n.Name == "" {
 		return nil, badConfig("missing network name")
@@ -213,14 +230,13 @@ func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 	if len(n.IPAM) == 0 || string(n.IPAM) == "null" {
 		return nil, badConfig("missing \"ipam\" section")
 	}
+	// The "ipam" object is ipam-ring's own: an unknown key in it (or in
+	// one of its ranges) is a typo, refused (README).
 	var im ipamJSON
-	if !decodeIPAMFast(n.IPAM, &im) {
-		im = ipamJSON{}
-		dec := json.NewDecoder(bytes.NewReader(n.IPAM))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&im); err != nil {
-			return nil, badConfig("cannot parse \"ipam\": %v", err)
-		}
+	dec := json.NewDecoder(bytes.NewReader(n.IPAM))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&im); err != nil {
+		return nil, badConfig("cannot parse \"ipam\": %v", err)
 	}
 	c := &Config{
 		CNIVersion:      n.CNIVersion,

@@ -57,6 +57,14 @@ func TestLoadCases(t *testing.T) {
 		{name: "no ranges", ipam: `{"host":"h"}`, wantErr: "no IP ranges"},
 		{name: "bad subnet", ipam: `{"host":"h","ranges":[[{"subnet":"198.18.0.0/33"}]]}`, wantErr: "ranges[0]"},
 		{name: "unknown ipam key", ipam: `{"host":"h","rnages":[]}`, wantErr: "unknown field"},
+		{name: "unknown key in a range", ipam: `{"host":"h","ranges":[[{"subnet":"198.18.0.0/24","gatway":"198.18.0.1"}]]}`, wantErr: "unknown field"},
+		{name: "other plugins' top-level keys accepted", ipam: `{"host":"h",` + r4 + `}`, extra: `"bridge":"cni0","isGateway":true,"capabilities":{"ips":true},"dns":{"nameservers":["x"]},`},
+		{name: "unknown runtimeConfig keys accepted", ipam: `{"host":"h",` + r4 + `}`, extra: `"runtimeConfig":{"portMappings":[{"hostPort":80}],"ips":["198.18.0.9"]},`, check: func(t *testing.T, c *Config) {
+			if c.RangeSets[0].Static != netip.MustParseAddr("198.18.0.9") {
+				t.Errorf("static %v", c.RangeSets[0].Static)
+			}
+		}},
+		{name: "configuration larger than MaxConfig", ipam: `{"host":"h",` + r4 + `}`, extra: `"pad":"` + strings.Repeat("a", MaxConfig) + `",`, wantErr: "larger than"},
 		{name: "host-local dataDir accepted", ipam: `{"host":"h","dataDir":"/x",` + r4 + `}`},
 		{name: "start after end", ipam: `{"host":"h","ranges":[[{"subnet":"198.18.0.0/24","rangeStart":"198.18.0.9","rangeEnd":"198.18.0.2"}]]}`, wantErr: "after"},
 		{name: "overlapping sets", ipam: `{"host":"h","ranges":[[{"subnet":"198.18.0.0/24"}],[{"subnet":"198.18.0.0/25"}]]}`, wantErr: "overlap"},

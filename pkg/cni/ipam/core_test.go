@@ -9,10 +9,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
@@ -219,7 +219,7 @@ func TestEdgeStoreDown(t *testing.T) {
 		},
 		Stdout: &bytes.Buffer{},
 	}
-	args := &cnimain.CmdArgs{ContainerID: "c1", IfName: "eth0", Netns: "/x", StdinData: conf(dual)}
+	args := &skel.CmdArgs{ContainerID: "c1", IfName: "eth0", Netns: "/x", StdinData: conf(dual)}
 	if err := e.Add(args); codeOf(err) != types.ErrTryAgainLater {
 		t.Errorf("ADD with store down = %v, want code 11", err)
 	}
@@ -229,8 +229,8 @@ func TestEdgeStoreDown(t *testing.T) {
 	if err := e.Status(args); codeOf(err) != CodePluginNotAvailable {
 		t.Errorf("STATUS with store down = %v, want code 50", err)
 	}
-	bad := &cnimain.CmdArgs{ContainerID: "c1", IfName: "eth0", StdinData: conf(`{"ranges":[]}`)}
-	for name, f := range map[string]func(*cnimain.CmdArgs) error{"ADD": e.Add, "DEL": e.Del, "CHECK": e.Check, "GC": e.GC, "STATUS": e.Status} {
+	bad := &skel.CmdArgs{ContainerID: "c1", IfName: "eth0", StdinData: conf(`{"ranges":[]}`)}
+	for name, f := range map[string]func(*skel.CmdArgs) error{"ADD": e.Add, "DEL": e.Del, "CHECK": e.Check, "GC": e.GC, "STATUS": e.Status} {
 		if err := f(bad); codeOf(err) != types.ErrInvalidNetworkConfig {
 			t.Errorf("%s with bad config = %v, want code 7", name, err)
 		}
@@ -250,7 +250,7 @@ func TestEdgeAddPrintsRequestedVersion(t *testing.T) {
 				Stdout: out,
 			}
 			in := []byte(`{"cniVersion":"` + ver + `","name":"net1","type":"bridge","ipam":` + dual + `}`)
-			if err := e.Add(&cnimain.CmdArgs{ContainerID: "c-" + ver, IfName: "eth0", StdinData: in}); err != nil {
+			if err := e.Add(&skel.CmdArgs{ContainerID: "c-" + ver, IfName: "eth0", StdinData: in}); err != nil {
 				t.Fatal(err)
 			}
 			var got struct {
@@ -270,7 +270,7 @@ func TestEdgeChainedPassesThrough(t *testing.T) {
 		return nil, nil, errors.New("chained ADD must not open the store")
 	}}
 	in := []byte(`{"cniVersion":"1.1.0","name":"net1","type":"ipam-ring","chained":true,"prevResult":{"cniVersion":"1.1.0","ips":[{"address":"198.18.0.2/24"}]},"ipam":` + dual + `}`)
-	if err := e.Add(&cnimain.CmdArgs{ContainerID: "c", IfName: "eth0", StdinData: in}); err != nil {
+	if err := e.Add(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", StdinData: in}); err != nil {
 		t.Fatal(err)
 	}
 	r, err := current.NewResult(out.Bytes())
@@ -280,7 +280,7 @@ func TestEdgeChainedPassesThrough(t *testing.T) {
 	if res := r.(*current.Result); len(res.IPs) != 1 || res.IPs[0].Address.String() != "198.18.0.2/24" {
 		t.Fatalf("chained ADD printed %s", out)
 	}
-	if err := e.Del(&cnimain.CmdArgs{ContainerID: "c", IfName: "eth0", StdinData: in}); err != nil {
+	if err := e.Del(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", StdinData: in}); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -328,11 +328,11 @@ func TestContainerdSequence(t *testing.T) {
 			`"runtimeConfig":{"portMappings":[{"HostPort":38080,"ContainerPort":80,"Protocol":"tcp","HostIP":""}],` +
 			`"io.kubernetes.cri.pod-annotations":{` + annotations + `}},"ipam":` + ipam + `}`)
 	}
-	args := func(ns, name, sandbox, netns string, annotations string) *cnimain.CmdArgs {
-		return &cnimain.CmdArgs{ContainerID: sandbox, Netns: netns, IfName: "eth0", StdinData: stdin(annotations),
+	args := func(ns, name, sandbox, netns string, annotations string) *skel.CmdArgs {
+		return &skel.CmdArgs{ContainerID: sandbox, Netns: netns, IfName: "eth0", StdinData: stdin(annotations),
 			Args: "K8S_POD_NAMESPACE=" + ns + ";K8S_POD_NAME=" + name + ";K8S_POD_INFRA_CONTAINER_ID=" + sandbox + ";K8S_POD_UID=uid-" + sandbox + ";IgnoreUnknown=1"}
 	}
-	add := func(a *cnimain.CmdArgs) (string, error) {
+	add := func(a *skel.CmdArgs) (string, error) {
 		out.Reset()
 		if err := e.Add(a); err != nil {
 			return "", err
@@ -344,7 +344,7 @@ func TestContainerdSequence(t *testing.T) {
 		return r.(*current.Result).IPs[0].Address.IP.String(), nil
 	}
 	// run is RunPodSandbox: ADD, and on failure DEL at once.
-	run := func(a *cnimain.CmdArgs) (string, error) {
+	run := func(a *skel.CmdArgs) (string, error) {
 		ip, err := add(a)
 		if err != nil {
 			if derr := e.Del(a); derr != nil {
@@ -354,7 +354,7 @@ func TestContainerdSequence(t *testing.T) {
 		return ip, err
 	}
 	// remove is StopPodSandbox then RemovePodSandbox.
-	remove := func(a *cnimain.CmdArgs) {
+	remove := func(a *skel.CmdArgs) {
 		t.Helper()
 		if err := e.Del(a); err != nil {
 			t.Fatalf("DEL at stop of %s: %v", a.ContainerID, err)

@@ -2,7 +2,7 @@
 // and validates the plugin's configuration once, at the door (Load), and runs
 // the five CNI verbs (Add, Del, Check, GC, Status) against a pool allocator,
 // returning results instead of printing them. Edge is the thin edge that
-// the CNI dispatcher (internal/cnimain) calls: its verbs load the
+// the CNI library's dispatcher (skel.PluginMainFuncs) calls: its verbs load the
 // configuration, open the store, call the core, print the result and turn
 // every error into a CNI error (CNIError), so that the dispatcher never has
 // to invent code 999.

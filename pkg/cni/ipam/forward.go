@@ -9,10 +9,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/ringipam/ringipam/internal/cnimain"
-	"github.com/ringipam/ringipam/internal/jsonscan"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -46,7 +45,7 @@ import (
 // forward sends the invocation of command to the host agent. served is
 // false when the plugin must run the call itself; otherwise err is what
 // the runtime sees.
-func (e Edge) forward(command string, args *cnimain.CmdArgs) (served bool, err error) {
+func (e Edge) forward(command string, args *skel.CmdArgs) (served bool, err error) {
 	sock, timeout := agentSocketOf(args.StdinData)
 	if sock == "" {
 		return false, nil
@@ -92,11 +91,8 @@ func agentSocketOf(stdin []byte) (socket string, timeout time.Duration) {
 		return "", 0
 	}
 	var n agentJSON
-	if !decodeAgentFast(stdin, &n) {
-		n = agentJSON{}
-		if err := json.Unmarshal(stdin, &n); err != nil {
-			return "", 0
-		}
+	if err := json.Unmarshal(stdin, &n); err != nil {
+		return "", 0
 	}
 	timeout, err := parseTimeout(n.IPAM.Timeout)
 	if err != nil {
@@ -116,33 +112,6 @@ type agentJSON struct {
 			AgentSocket string `json:"agentSocket"`
 		} `json:"store"`
 	} `json:"ipam"`
-}
-
-// decodeAgentFast fills n as json.Unmarshal would, or returns false (see
-// decodeNetFast).
-func decodeAgentFast(stdin []byte, n *agentJSON) bool {
-	if !fastDecode {
-		return false
-	}
-	return jsonscan.ParseMembers(stdin, []string{"ipam"}, false, func(_ string, ipam jsonscan.Value) bool {
-		return ipam.Members([]string{"timeout", "store"}, false, func(key string, val jsonscan.Value) bool {
-			if key == "timeout" {
-				var ok bool
-				n.IPAM.Timeout, ok = val.String()
-				return ok
-			}
-			st := &n.IPAM.Store
-			return val.Members([]string{"type", "agentSocket"}, false, func(key string, val jsonscan.Value) bool {
-				var ok bool
-				if key == "type" {
-					st.Type, ok = val.String()
-				} else {
-					st.AgentSocket, ok = val.String()
-				}
-				return ok
-			})
-		})
-	})
 }
 
 // AgentInvoker runs forwarded invocations in the host agent, on the
@@ -170,7 +139,7 @@ func (s AgentInvoker) Accept(inv *relay.Invocation) (func(context.Context) relay
 	if err != nil || !s.Config.SameStore(c.Store) {
 		return nil, 0, false
 	}
-	args := &cnimain.CmdArgs{ContainerID: inv.ContainerID, Netns: inv.Netns, IfName: inv.IfName,
+	args := &skel.CmdArgs{ContainerID: inv.ContainerID, Netns: inv.Netns, IfName: inv.IfName,
 		Args: inv.Args, Path: inv.Path, StdinData: inv.Stdin}
 	locks := s.HostLocks
 	if locks == nil {

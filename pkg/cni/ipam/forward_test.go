@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -104,13 +104,13 @@ func TestForwardedVerbsMatchDirect(t *testing.T) {
 		{"DEL", "c1", 0}, {"DEL", "c1", 0},
 		{"GC", "", 0},
 	}
-	call := func(e Edge, verb string, args *cnimain.CmdArgs) error {
-		return map[string]func(*cnimain.CmdArgs) error{"ADD": e.Add, "DEL": e.Del, "CHECK": e.Check, "GC": e.GC, "STATUS": e.Status}[verb](args)
+	call := func(e Edge, verb string, args *skel.CmdArgs) error {
+		return map[string]func(*skel.CmdArgs) error{"ADD": e.Add, "DEL": e.Del, "CHECK": e.Check, "GC": e.GC, "STATUS": e.Status}[verb](args)
 	}
 	for _, s := range steps {
 		viaOut.Reset()
 		ownOut.Reset()
-		args := &cnimain.CmdArgs{ContainerID: s.id, IfName: "eth0", Netns: "/x", StdinData: cfg}
+		args := &skel.CmdArgs{ContainerID: s.id, IfName: "eth0", Netns: "/x", StdinData: cfg}
 		viaErr, ownErr := call(via, s.verb, args), call(own, s.verb, args)
 		if codeOf(viaErr) != s.code || codeOf(ownErr) != s.code {
 			t.Fatalf("%s %s: through the agent %v, here %v; want code %d", s.verb, s.id, viaErr, ownErr, s.code)
@@ -162,7 +162,7 @@ func TestForwardFallsBack(t *testing.T) {
 		var opened atomic.Int32
 		e := directOn(memory.New(), locks, &out, &opened)
 		e.ToAgent = true
-		err := e.Add(&cnimain.CmdArgs{ContainerID: "c", IfName: "eth0", Netns: "/x", StdinData: c.conf})
+		err := e.Add(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", Netns: "/x", StdinData: c.conf})
 		if codeOf(err) != c.code {
 			t.Fatalf("%s: ADD = %v, want code %d", c.name, err, c.code)
 		}
@@ -200,7 +200,7 @@ func TestForwardLostAgent(t *testing.T) {
 	var opened atomic.Int32
 	e := directOn(memory.New(), hostlock.Dir(t.TempDir()), &out, &opened)
 	e.ToAgent = true
-	if err := e.Add(&cnimain.CmdArgs{ContainerID: "c", IfName: "eth0", Netns: "/x", StdinData: etcdConf(sock, "")}); err != nil || opened.Load() != 1 {
+	if err := e.Add(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", Netns: "/x", StdinData: etcdConf(sock, "")}); err != nil || opened.Load() != 1 {
 		t.Fatalf("ADD with a lost agent: %v, store opened %d times", err, opened.Load())
 	}
 
@@ -221,7 +221,7 @@ func TestForwardLostAgent(t *testing.T) {
 	}()
 	slow := conf(`{"host":"h1","timeout":"100ms","ranges":[[{"subnet":"198.18.0.0/24"}]],"store":{"type":"etcd","endpoints":["` +
 		agentEndpoint + `"],"agentSocket":"` + hang + `"}}`)
-	err = e.Add(&cnimain.CmdArgs{ContainerID: "c2", IfName: "eth0", Netns: "/x", StdinData: slow})
+	err = e.Add(&skel.CmdArgs{ContainerID: "c2", IfName: "eth0", Netns: "/x", StdinData: slow})
 	var te *types.Error
 	if !errors.As(err, &te) || te.Code != types.ErrTryAgainLater || opened.Load() != 1 {
 		t.Fatalf("ADD with a hung agent: %v (store opened %d times), want code 11 and no call here", err, opened.Load())
@@ -248,7 +248,7 @@ func TestEtcdADDsKeepNotes(t *testing.T) {
 			var opened atomic.Int32
 			e := directOn(st, locks, &out, &opened)
 			for _, id := range []string{"c1", "c2", "c3"} {
-				if err := e.Add(&cnimain.CmdArgs{ContainerID: id, IfName: "eth0", Netns: "/x", StdinData: tc.conf}); err != nil {
+				if err := e.Add(&skel.CmdArgs{ContainerID: id, IfName: "eth0", Netns: "/x", StdinData: tc.conf}); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -10,10 +10,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/names"
 	"github.com/ringipam/ringipam/pkg/portalloc"
@@ -34,7 +34,7 @@ type Opened struct {
 	Close     func() error
 }
 
-// Edge runs the verbs for cnimain: load config, open the store and the data
+// Edge runs the verbs for skel.PluginMainFuncs: load config, open the store and the data
 // path, call the core, print, map errors. The zero value opens the
 // configured store and data path and prints to os.Stdout.
 type Edge struct {
@@ -107,9 +107,9 @@ func (e Edge) locked(ctx context.Context, id portalloc.EndpointID, discard bool,
 	return nil
 }
 
-// Funcs returns the five verbs for cnimain.Run.
-func (e Edge) Funcs() cnimain.Funcs {
-	return cnimain.Funcs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
+// Funcs returns the five verbs for skel.PluginMainFuncs.
+func (e Edge) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
 }
 
 func (e Edge) stderr() io.Writer {
@@ -182,21 +182,21 @@ func needDataplane(o Opened) error {
 
 // checkAttachment refuses (code 7) a container ID or interface name that
 // breaks pkg/names' rules, before any store work.
-func checkAttachment(c *Config, args *cnimain.CmdArgs) error {
+func checkAttachment(c *Config, args *skel.CmdArgs) error {
 	if err := names.CNI(c.Network, args.ContainerID, args.IfName); err != nil {
 		return fmt.Errorf("%w: %w", ErrBadConfig, err)
 	}
 	return nil
 }
 
-func attachment(c *Config, args *cnimain.CmdArgs) portalloc.EndpointID {
+func attachment(c *Config, args *skel.CmdArgs) portalloc.EndpointID {
 	return portalloc.EndpointID{Network: c.Network, ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
 // Add is the ADD verb: publish, then pass prevResult on with the chosen
 // ports added under "portMappings" (see publishedResult). The chosen ports
 // are also logged on stderr and kept in the store (see README).
-func (e Edge) Add(args *cnimain.CmdArgs) error {
+func (e Edge) Add(args *skel.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
 	if err == nil {
 		err = checkAttachment(c, args)
@@ -312,7 +312,7 @@ func (e Edge) log(id portalloc.EndpointID, c *Config, pub Published) {
 }
 
 // Del is the DEL verb. It needs neither mappings nor prevResult.
-func (e Edge) Del(args *cnimain.CmdArgs) error {
+func (e Edge) Del(args *skel.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
 	if err == nil {
 		err = checkAttachment(c, args)
@@ -327,7 +327,7 @@ func (e Edge) Del(args *cnimain.CmdArgs) error {
 }
 
 // Check is the CHECK verb.
-func (e Edge) Check(args *cnimain.CmdArgs) error {
+func (e Edge) Check(args *skel.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
 	if err == nil {
 		err = checkAttachment(c, args)
@@ -344,7 +344,7 @@ func (e Edge) Check(args *cnimain.CmdArgs) error {
 }
 
 // GC is the GC verb (CNI 1.1).
-func (e Edge) GC(args *cnimain.CmdArgs) error {
+func (e Edge) GC(args *skel.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
 	if err != nil {
 		return wire(err)
@@ -368,7 +368,7 @@ func (e Edge) GC(args *cnimain.CmdArgs) error {
 
 // Status is the STATUS verb (CNI 1.1): code 50 when ADD cannot be served
 // (store unreachable, no packet filter tool, its table unreadable).
-func (e Edge) Status(args *cnimain.CmdArgs) error {
+func (e Edge) Status(args *skel.CmdArgs) error {
 	c, err := Load(args.StdinData, args.Args)
 	if err != nil {
 		return wire(err)

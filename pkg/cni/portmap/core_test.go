@@ -14,10 +14,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -89,8 +89,8 @@ func conf(host, mappings string, extra string) []byte {
 	 "runtimeConfig":{"portMappings":[%s]},"prevResult":%s}`, host, extra, mappings, prevResult))
 }
 
-func args(id string, stdin []byte) *cnimain.CmdArgs {
-	return &cnimain.CmdArgs{ContainerID: id, IfName: "eth0", Netns: "/var/run/netns/x", StdinData: stdin}
+func args(id string, stdin []byte) *skel.CmdArgs {
+	return &skel.CmdArgs{ContainerID: id, IfName: "eth0", Netns: "/var/run/netns/x", StdinData: stdin}
 }
 
 func code(err error) uint {

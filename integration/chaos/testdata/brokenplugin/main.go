@@ -17,8 +17,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
+
 	"github.com/ringipam/ringipam/integration/chaos/testdata/broken"
-	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/cni/ipam"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
@@ -44,5 +45,5 @@ func open(_ context.Context, c *ipam.Config) (ipam.Allocator, func() error, erro
 }
 
 func main() {
-	cnimain.Run(ipam.Edge{Open: open}.Funcs(), ipam.SupportedVersions, "ipam-ring, broken on purpose (chaos suite only)")
+	skel.PluginMainFuncs(ipam.Edge{Open: open}.Funcs(), ipam.SupportedVersions, "ipam-ring, broken on purpose (chaos suite only)")
 }

@@ -16,8 +16,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
+
 	"github.com/ringipam/ringipam/integration/chaos/testdata/broken"
-	"github.com/ringipam/ringipam/internal/cnimain"
 	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/retry"
@@ -47,5 +48,5 @@ func open(_ context.Context, c *portmap.Config) (portmap.Opened, error) {
 }
 
 func main() {
-	cnimain.Run(portmap.Edge{Open: open}.Funcs(), portmap.SupportedVersions, "portmap-ingress, broken on purpose (chaos suite only)")
+	skel.PluginMainFuncs(portmap.Edge{Open: open}.Funcs(), portmap.SupportedVersions, "portmap-ingress, broken on purpose (chaos suite only)")
 }

@@ -2,7 +2,7 @@ package ipam
 
 import (
 	"encoding/json"
-	"fmt"
+	"errors"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -139,67 +139,55 @@ func randConfig(r *rand.Rand) string {
 	return object(top)
 }
 
-// TestFastConfigDecodeMatchesEncodingJSON loads random configurations with
-// the fast decode and with encoding/json alone: the same Config or the
-// same error, every time.
-func TestFastConfigDecodeMatchesEncodingJSON(t *testing.T) {
+// TestLoadRandomConfigs loads random configurations (the generator's
+// inputs once compared a hand-written decoder with encoding/json): Load
+// never panics, every error it returns is a code-7 configuration error,
+// and a configuration whose "ipam" object carries a key ipam-ring does not
+// know is never accepted.
+func TestLoadRandomConfigs(t *testing.T) {
 	r := rand.New(rand.NewPCG(11, 12))
-	fast := 0
 	loaded := 0
 	for i := range 20000 {
 		doc := []byte(randConfig(r))
 		args := []string{"", "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p", "IP=198.18.0.20"}[i%3]
-		var n netJSON
-		if decodeNetFast(doc, &n) {
-			var im ipamJSON
-			if decodeIPAMFast(n.IPAM, &im) {
-				fast++
+		c, err := Load(doc, args)
+		if err != nil {
+			if !errors.Is(err, ErrBadConfig) || CNIError(err).Code != 7 {
+				t.Fatalf("config %s: error %v is not a code-7 configuration error", doc, err)
 			}
-		}
-		gotC, gotErr := Load(doc, args)
-		fastDecode = false
-		wantC, wantErr := Load(doc, args)
-		fastDecode = true
-		if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
-			t.Fatalf("config %s\nfast: %v\nencoding/json: %v", doc, gotErr, wantErr)
-		}
-		if !reflect.DeepEqual(gotC, wantC) {
-			t.Fatalf("config %s\nfast: %+v\nencoding/json: %+v", doc, gotC, wantC)
-		}
-		if wantErr == nil {
-			loaded++
-		}
-	}
-	if fast < 3000 || loaded < 500 {
-		t.Fatalf("generator too narrow: %d of 20000 decoded fast, %d loaded", fast, loaded)
-	}
-	t.Logf("%d decoded fast, %d loaded without error", fast, loaded)
-}
-
-// TestFastAgentDecodeMatchesEncodingJSON: what the plugin reads to find
-// the agent is what encoding/json reads, whenever the fast path answers.
-func TestFastAgentDecodeMatchesEncodingJSON(t *testing.T) {
-	r := rand.New(rand.NewPCG(13, 14))
-	fast := 0
-	for range 20000 {
-		doc := []byte(randConfig(r))
-		var got agentJSON
-		if !decodeAgentFast(doc, &got) {
 			continue
 		}
-		fast++
-		var want agentJSON
-		if err := json.Unmarshal(doc, &want); err != nil || got != want {
-			t.Fatalf("config %s\nfast: %+v\nencoding/json: %+v (%v)", doc, got, want, err)
+		if len(c.RangeSets) == 0 || c.Host == "" || c.Timeout <= 0 {
+			t.Fatalf("config %s: accepted an incomplete config: %+v", doc, c)
 		}
-		fastDecode = false
-		socketSlow, timeoutSlow := agentSocketOf(doc)
-		fastDecode = true
-		if s, tm := agentSocketOf(doc); s != socketSlow || tm != timeoutSlow {
-			t.Fatalf("config %s: agent %q %s, with encoding/json %q %s", doc, s, tm, socketSlow, timeoutSlow)
+		if unknownIPAMKey(t, doc) {
+			t.Fatalf("config %s: accepted an unknown key in \"ipam\"", doc)
+		}
+		loaded++
+	}
+	if loaded < 500 {
+		t.Fatalf("generator too narrow: %d of 20000 loaded", loaded)
+	}
+	t.Logf("%d loaded without error", loaded)
+}
+
+// unknownIPAMKey says whether doc's "ipam" object has a key that none of
+// ipamJSON's fields takes (encoding/json matches keys regardless of case).
+func unknownIPAMKey(t *testing.T, doc []byte) bool {
+	var n struct {
+		IPAM map[string]json.RawMessage `json:"ipam"`
+	}
+	if err := json.Unmarshal(doc, &n); err != nil {
+		t.Fatalf("config %s loaded but does not decode: %v", doc, err)
+	}
+	known := map[string]bool{}
+	for f := range reflect.TypeFor[ipamJSON]().Fields() {
+		known[strings.ToLower(strings.Split(f.Tag.Get("json"), ",")[0])] = true
+	}
+	for k := range n.IPAM {
+		if !known[strings.ToLower(k)] {
+			return true
 		}
 	}
-	if fast < 5000 {
-		t.Fatalf("generator too narrow: %d of 20000 decoded fast", fast)
-	}
+	return false
 }
