@@ -1,13 +1,20 @@
-// Package ipam is the core of the ipam-ring CNI IPAM plugin: it parses
-// and validates the plugin's configuration once, at the door (Load), and runs
-// the five CNI verbs (Add, Del, Check, GC, Status) against a pool allocator,
-// returning results instead of printing them. Edge is the thin edge that
-// the CNI library's dispatcher (skel.PluginMainFuncs) calls: its verbs load the
-// configuration, open the store, call the core, print the result and turn
-// every error into a CNI error (CNIError), so that the dispatcher never has
-// to invent code 999.
+// Package ipam is the verb code of the ipam-ring CNI IPAM plugin, imported
+// by the plugin's main (plugins/ipam-ring), the host agent (which runs
+// forwarded calls with it) and ringctl. It parses and validates the
+// plugin's configuration once, at the door (Load, encoding/json), and runs
+// the five CNI verbs (Add, Del, Check, GC, Status) against a pool
+// allocator, returning results instead of printing them. Edge is the thin
+// edge that the CNI library's dispatcher (skel.PluginMainFuncs) calls with
+// *skel.CmdArgs: its verbs load the configuration, open the store, call
+// the core, print the result (the library's PrintTo) and turn every error
+// into a CNI error (CNIError), so that the dispatcher never has to invent
+// code 999.
 //
 // Contracts:
+//   - Load decodes the network configuration leniently (it carries other
+//     plugins' and the runtime's keys) and the "ipam" object strictly: an
+//     unknown key there or in a range is refused. A configuration larger
+//     than MaxConfig is refused before it is decoded.
 //   - Load never touches the store or the network. Every error it returns
 //     wraps ErrBadConfig (CNI code 7).
 //   - Add is idempotent per owner (network, container ID, interface name) and

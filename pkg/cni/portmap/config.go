@@ -1,4 +1,6 @@
-// Package portmap is the portmap-ingress CNI plugin: a chained plugin that
+// Package portmap is the verb code of the portmap-ingress CNI plugin,
+// imported by the plugin's main (plugins/portmap-ingress, through
+// skel.PluginMainFuncs) and the host agent: a chained plugin that
 // publishes a container's ports, unique per host (host mode) or across the
 // cluster (ingress mode), through pkg/portalloc, and programs the host's
 // packet filter (one nftables table of its own, or iptables chains where
@@ -13,7 +15,9 @@
 // forwards and allocations of this network's attachments that are gone, on
 // this host only. The verbs' cores (core.go) take their store and data path
 // as small interfaces and return values; Edge (cmd.go) does the I/O and
-// maps errors to CNI codes (errors.go).
+// maps errors to CNI codes (errors.go). Load decodes the configuration with
+// encoding/json, leniently: it is the plugin's entry of a conflist, whose
+// keys include the runtime's.
 package portmap
 
 import (
@@ -121,8 +125,16 @@ const DefaultTable = "ringipam-portmap"
 // DefaultTimeout bounds one invocation when the configuration sets none.
 const DefaultTimeout = 30 * time.Second
 
+// MaxConfig is the largest configuration Load accepts (4 MiB), as
+// ipam-ring's: skel has read stdin whole by then, so the bound keeps a huge
+// one from being decoded and served.
+const MaxConfig = 4 << 20
+
 // Load parses and validates stdin and CNI_ARGS.
 func Load(stdin []byte, cniArgs string) (*Config, error) {
+	if len(stdin) > MaxConfig {
+		return nil, badConfig("network configuration of %d bytes is larger than %d bytes", len(stdin), MaxConfig)
+	}
 	var n netJSON
 	if err := json.Unmarshal(stdin, &n); err != nil {
 		return nil, badConfig("cannot parse network configuration: %v", err)

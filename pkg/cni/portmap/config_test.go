@@ -2,6 +2,7 @@ package portmap
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/ringipam/ringipam/pkg/portalloc"
@@ -52,10 +53,15 @@ func TestLoadMappings(t *testing.T) {
 		`{"name":"n","store":{"type":"etcd"}}`,
 		`{"name":"n","dynamicRange":"5-1"}`,
 		`{"name":"a/b"}`,
+		`{"name":"n","pad":"` + strings.Repeat("a", MaxConfig) + `"}`, // larger than MaxConfig
 	} {
 		if _, err := Load([]byte(bad), ""); !errors.Is(err, ErrBadConfig) || CNIError(err).Code != 7 {
 			t.Errorf("%s: %v", bad, err)
 		}
+	}
+	// Other plugins' and the runtime's keys are accepted (lenient decode).
+	if _, err := Load([]byte(`{"name":"n","type":"portmap-ingress","capabilities":{"portMappings":true},"snat":true,"runtimeConfig":{"bandwidth":{}}}`), ""); err != nil {
+		t.Errorf("unknown keys refused: %v", err)
 	}
 	// Bad mappings fail ADD and CHECK (code 7) but not the load: DEL and
 	// GC need no mappings.
