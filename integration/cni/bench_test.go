@@ -77,71 +77,10 @@ func benchEtcd(b *testing.B, e *testenv.Etcd, withAgent bool) map[string]any {
 	st := etcdStore(e.Endpoints(), "/ringipam/")
 	st["agentSocket"] = "off"
 	if withAgent {
-		st["agentSocket"] = startAgent(b, e.Endpoints()[0], "/ringipam/")
+		st = agentStore(b, e.Endpoints(), "/ringipam/", "bench")
 	}
 	return map[string]any{"type": "ipam-ring", "host": "bench", "store": st}
 }
-
-// startAgent runs the ringipamd binary (built once per run) on etcd at
-// endpoint, serving its store socket only (no status page, no ingress),
-// and returns the socket's path once it exists.
-func startAgent(b *testing.B, endpoint, prefix string) string {
-	b.Helper()
-	agentOnce.Do(func() {
-		// Beside ipam-ring, in the directory cnitest.Main removes.
-		agentBin = filepath.Join(filepath.Dir(cnitest.IPAMBin), "ringipamd")
-		ctx, cancel := context.WithTimeout(context.Background(), cnitest.BuildTimeout)
-		defer cancel()
-		agentErr = cnitest.Build(ctx, agentBin, "./cmd/ringipamd")
-	})
-	if agentErr != nil {
-		b.Fatalf("building ringipamd: %v", agentErr)
-	}
-	dir, err := os.MkdirTemp("", "rs")
-	if err != nil {
-		b.Fatal(err)
-	}
-	sock := filepath.Join(dir, "store.sock")
-	var out strings.Builder
-	cmd := exec.Command(agentBin, "--host", "bench-agent", "--store", "etcd", "--etcd-endpoints", endpoint, "--store-prefix", prefix,
-		"--listen", "off", "--ingress=false", "--sweep=false", "--status-refresh", "1h", "--store-socket", sock, "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	b.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		os.RemoveAll(dir)
-	})
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		if _, err := os.Stat(sock); err == nil {
-			return sock
-		}
-		select {
-		case <-done:
-			b.Fatalf("ringipamd exited: %s", out.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("ringipamd did not open %s within 20s: %s", sock, out.String())
-		}
-	}
-}
-
-var (
-	agentOnce sync.Once
-	agentBin  string
-	agentErr  error
-)
 
 // execIPAMBin runs one verb of bin for container id, as a main plugin
 // invokes its IPAM plugin, and returns how long it took.
@@ -521,7 +460,7 @@ func BenchmarkEtcdRoundTrips(b *testing.B) {
 		confs := map[string][]byte{}
 		for _, h := range []string{"host-a", "host-b"} {
 			confs[h], _ = json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "rt", "type": "bridge",
-				"ipam": map[string]any{"type": "ipam-ring", "host": h, "store": etcdStore(e.Endpoints(), prefix), "ranges": [][]map[string]string{subnet("198.18.80.0/20")}}})
+				"ipam": map[string]any{"type": "ipam-ring", "host": h, "store": agentStore(b, e.Endpoints(), prefix, h), "ranges": [][]map[string]string{subnet("198.18.80.0/20")}}})
 		}
 		// Warm up: the pool's definition and each host's first range.
 		for h, conf := range confs {

@@ -161,7 +161,8 @@ func TestTwoHostsShareEtcd(t *testing.T) {
 	var wg sync.WaitGroup
 	for _, hostName := range []string{"hostA", "hostB"} {
 		hostNS := netns.New(t, "it2h")
-		list := bridgeList(t, name, "cni0", ipamSection(hostName, st, subnet("198.18.32.0/22")))
+		hostSt := agentStore(t, etcd.Endpoints(), "/"+name, hostName)
+		list := bridgeList(t, name, "cni0", ipamSection(hostName, hostSt, subnet("198.18.32.0/22")))
 		cn := cnitest.NewCNI(t, pdir)
 		ctrs := make([]*netns.NS, perHost)
 		for i := range ctrs {
@@ -322,7 +323,9 @@ func TestEtcdDown(t *testing.T) {
 	etcd := testenv.StartEtcd(t)
 	host := netns.New(t, "it5h")
 	name := netns.Unique("it5-")
-	st := etcdStoreFailFast(etcd.Endpoints(), "/"+name)
+	// The agent's etcd client fails fast: the test stops etcd on purpose
+	// and wants the failure reported quickly.
+	st := agentStore(t, etcd.Endpoints(), "/"+name, "host1", "--etcd-dial-timeout", "1s", "--etcd-request-timeout", "2s")
 	ipam := ipamSection("host1", st, subnet("198.18.13.0/24"))
 	ipam["timeout"] = "5s"
 	list := bridgeList(t, name, "cni0", ipam)

@@ -79,17 +79,20 @@ func localStore(t testing.TB) map[string]any {
 // etcdStore is the ipam "store" object for endpoints under a fresh prefix,
 // with the product's default timeouts: 100 plugin processes started at once
 // on a 2-core machine can see an etcd request take more than a couple of
-// seconds, and these tests are about correctness, not speed.
+// seconds, and these tests are about correctness, not speed. It names no
+// agent: agentStore adds one.
 func etcdStore(endpoints []string, prefix string) map[string]any {
 	return map[string]any{"type": "etcd", "endpoints": endpoints, "prefix": prefix}
 }
 
-// etcdStoreFailFast is etcdStore with short timeouts, for tests that stop
-// etcd on purpose and want the failure reported quickly.
-func etcdStoreFailFast(endpoints []string, prefix string) map[string]any {
-	st := etcdStore(endpoints, prefix)
-	st["dialTimeout"], st["requestTimeout"] = "1s", "2s"
-	return st
+// agentStore starts the host agent of host on etcdStore(endpoints, prefix)
+// in the test's own namespace (where the plugins of pluginDir(t, true) and
+// execIPAM run) and returns the store object that sends the plugins to it;
+// args are more agent flags.
+func agentStore(t testing.TB, endpoints []string, prefix, host string, args ...string) map[string]any {
+	t.Helper()
+	a := cnitest.StartAgent(t, cnitest.AgentOptions{Endpoints: endpoints, Prefix: prefix, Host: host, Args: args})
+	return a.Store(etcdStore(endpoints, prefix))
 }
 
 // ipamSection is an ipam-ring "ipam" object.
