@@ -407,7 +407,10 @@ func TestTwoHostsIngress(t *testing.T) {
 	for i, name := range []string{"hostA", "hostB"} {
 		h := newHost(t, name, nil, fmt.Sprintf("198.18.%d.0/24", 140+i))
 		h.network = network
-		h.store = map[string]any{"type": "etcd", "endpoints": []string{"http://" + h.ns.Relay(t, target)}, "prefix": prefix}
+		endpoints := []string{"http://" + h.ns.Relay(t, target)}
+		// Each host's agent, beside its plugins in the host's namespace.
+		agent := cnitest.StartAgent(t, cnitest.AgentOptions{Endpoints: endpoints, Prefix: prefix, Host: name, NS: h.ns})
+		h.store = agent.Store(map[string]any{"type": "etcd", "endpoints": endpoints, "prefix": prefix})
 		h.portmapExtra = map[string]any{"mode": "ingress"}
 		hosts[name] = h
 	}
