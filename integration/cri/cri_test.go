@@ -80,7 +80,11 @@ func (net network) on(t *testing.T, host string) func(ns *netns.NS) map[string]a
 	return func(ns *netns.NS) map[string]any {
 		st := net.store
 		if net.etcd != "" {
-			st = map[string]any{"type": "etcd", "endpoints": []string{"http://" + ns.Relay(t, net.etcd)}, "prefix": net.prefix}
+			// The node's host agent, in the node's namespace beside its
+			// plugins, reaching etcd through the same relay.
+			endpoints := []string{"http://" + ns.Relay(t, net.etcd)}
+			agent := cnitest.StartAgent(t, cnitest.AgentOptions{Endpoints: endpoints, Prefix: net.prefix, Host: host, NS: ns})
+			st = agent.Store(map[string]any{"type": "etcd", "endpoints": endpoints, "prefix": net.prefix})
 		}
 		ipam := map[string]any{"type": "ipam-ring", "host": host, "store": st, "timeout": "50s",
 			"ranges": [][]map[string]string{{{"subnet": net.subnet}}}, "routes": []map[string]string{{"dst": "0.0.0.0/0"}}}
