@@ -14,15 +14,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
@@ -42,10 +39,14 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-// cluster is one test's store: a real etcd and a fresh key prefix.
+// cluster is one test's store: a real etcd and a fresh key prefix, and
+// the host agents of the hosts whose plugins ran on it.
 type cluster struct {
 	etcd   *testenv.Etcd
 	prefix string
+
+	mu     sync.Mutex
+	agents map[string]*cnitest.Agent // by host name
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -54,15 +55,50 @@ func newCluster(t *testing.T) *cluster {
 	return &cluster{etcd: testenv.StartEtcd(t), prefix: "/" + netns.Unique("rc-") + "/"}
 }
 
-// store is the plugins' "store" object.
+// store is the store object the test reads and ringctl uses.
 func (c *cluster) store() map[string]any {
 	return map[string]any{"type": "etcd", "endpoints": c.etcd.Endpoints(), "prefix": c.prefix}
 }
 
+// agent is host's agent (in the test's namespace, where ipam-ring runs),
+// started for t when host's plugins first run.
+func (c *cluster) agent(t *testing.T, host string) *cnitest.Agent {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.agents == nil {
+		c.agents = map[string]*cnitest.Agent{}
+	}
+	a := c.agents[host]
+	if a == nil {
+		a = cnitest.StartAgent(t, cnitest.AgentOptions{Endpoints: c.etcd.Endpoints(), Prefix: c.prefix, Host: host})
+		c.agents[host] = a
+	}
+	return a
+}
+
+// stopAgents stops every host agent of c (they restart on the next use).
+func (c *cluster) stopAgents(t *testing.T) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for host, a := range c.agents {
+		a.Stop(t)
+		delete(c.agents, host)
+	}
+}
+
+// hostStore is the "store" object of host's plugins: through its agent.
+func (c *cluster) hostStore(t *testing.T, host string) map[string]any {
+	t.Helper()
+	return c.agent(t, host).Store(c.store())
+}
+
 // ipam is an ipam-ring "ipam" object of host with one IPv4 and one IPv6
 // range set.
-func (c *cluster) ipam(host string, extra map[string]any) map[string]any {
-	m := map[string]any{"type": "ipam-ring", "host": host, "store": c.store(), "timeout": "30s",
+func (c *cluster) ipam(t *testing.T, host string, extra map[string]any) map[string]any {
+	t.Helper()
+	m := map[string]any{"type": "ipam-ring", "host": host, "store": c.hostStore(t, host), "timeout": "30s",
 		"ranges": [][]map[string]string{{{"subnet": "198.18.20.0/24"}}, {{"subnet": "2001:db8:20::/64"}}}}
 	for k, v := range extra {
 		m[k] = v
@@ -114,7 +150,7 @@ type addResult struct {
 func (c *cluster) add(t *testing.T, host, ctr, cniArgs string, extra map[string]any) []string {
 	t.Helper()
 	var r addResult
-	if err := json.Unmarshal(ipamExec(t, "ADD", netConf(c.ipam(host, extra)), ctr, cniArgs), &r); err != nil {
+	if err := json.Unmarshal(ipamExec(t, "ADD", netConf(c.ipam(t, host, extra)), ctr, cniArgs), &r); err != nil {
 		t.Fatal(err)
 	}
 	var out []string
@@ -126,7 +162,7 @@ func (c *cluster) add(t *testing.T, host, ctr, cniArgs string, extra map[string]
 
 func (c *cluster) del(t *testing.T, host, ctr string, extra map[string]any) {
 	t.Helper()
-	ipamExec(t, "DEL", netConf(c.ipam(host, extra)), ctr, "")
+	ipamExec(t, "DEL", netConf(c.ipam(t, host, extra)), ctr, "")
 }
 
 // run is one ringctl invocation's outcome.
@@ -190,55 +226,14 @@ func checkWidth(t *testing.T, out string) {
 	}
 }
 
-// relayInto accepts TCP connections on loopback inside n and carries each
-// to target in the test's own namespace (the test etcd), until the test
-// ends; it returns the address to dial inside n.
-func relayInto(t *testing.T, n *netns.NS, target string) string {
-	t.Helper()
-	var l net.Listener
-	if err := n.Do(func() error {
-		var err error
-		l, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer in.Close()
-				out, err := net.DialTimeout("tcp", target, 5*time.Second)
-				if err != nil {
-					return
-				}
-				defer out.Close()
-				done := make(chan struct{})
-				go func() { io.Copy(out, in); out.(*net.TCPConn).CloseWrite(); close(done) }()
-				io.Copy(in, out)
-				<-done
-			}()
-		}
-	}()
-	return l.Addr().String()
-}
-
 // publish runs the real portmap-ingress binary inside n for ctr (whose
-// address is ip) on host, publishing mappings.
-func (c *cluster) publish(t *testing.T, n *netns.NS, endpoint, host, ctr, ip string, mappings ...map[string]any) {
+// address is ip) on host, publishing mappings; its store calls go through
+// host's agent (whose socket n reaches through the file system).
+func (c *cluster) publish(t *testing.T, n *netns.NS, host, ctr, ip string, mappings ...map[string]any) {
 	t.Helper()
 	conf := map[string]any{
 		"cniVersion": "1.1.0", "name": network, "type": "portmap-ingress", "host": host, "timeout": "30s",
-		"store":         map[string]any{"type": "etcd", "endpoints": []string{"http://" + endpoint}, "prefix": c.prefix},
+		"store":         c.hostStore(t, host),
 		"runtimeConfig": map[string]any{"portMappings": mappings},
 		"prevResult":    map[string]any{"cniVersion": "1.1.0", "ips": []map[string]any{{"address": ip + "/24"}}},
 	}

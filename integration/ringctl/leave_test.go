@@ -53,6 +53,9 @@ func TestLeave(t *testing.T) {
 	if heirs == 0 {
 		t.Fatalf("no range of node-b follows another host's range: %+v", before)
 	}
+	// node-b is decommissioned: its agent stops, then the operator runs
+	// leave.
+	c.agent(t, "node-b").Stop(t)
 	out := c.ok(t, "leave", "node-b")
 	t.Logf("ringctl leave node-b:\n%s", out)
 	for _, p := range pools {

@@ -65,10 +65,9 @@ func TestStatusLsPorts(t *testing.T) {
 	// node-c a dynamic ingress port, all by the real portmap-ingress.
 	lab := netns.New(t, "rclab")
 	lab.MustRun(t, "ip", "link", "set", "lo", "up")
-	ep := relayInto(t, lab, strings.TrimPrefix(c.etcd.Endpoints()[0], "http://"))
-	c.publish(t, lab, ep, "node-a", "node-a-1", addrs["node-a-1"][0], map[string]any{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "mode": "ingress"})
-	c.publish(t, lab, ep, "node-b", "node-b-1", addrs["node-b-1"][0], map[string]any{"hostPort": 5353, "containerPort": 53, "protocol": "udp", "hostIP": "198.18.99.2"})
-	c.publish(t, lab, ep, "node-c", "node-c-1", addrs["node-c-1"][0], map[string]any{"hostPort": 0, "containerPort": 80, "protocol": "tcp", "mode": "ingress"})
+	c.publish(t, lab, "node-a", "node-a-1", addrs["node-a-1"][0], map[string]any{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "mode": "ingress"})
+	c.publish(t, lab, "node-b", "node-b-1", addrs["node-b-1"][0], map[string]any{"hostPort": 5353, "containerPort": 53, "protocol": "udp", "hostIP": "198.18.99.2"})
+	c.publish(t, lab, "node-c", "node-c-1", addrs["node-c-1"][0], map[string]any{"hostPort": 0, "containerPort": 80, "protocol": "tcp", "mode": "ingress"})
 
 	var st rc.Status
 	c.jsonOf(t, &st, "status")
@@ -104,7 +103,8 @@ func TestStatusLsPorts(t *testing.T) {
 		if h.Name == "node-a" {
 			wantUsed = 4
 		}
-		if h.Name != hosts[i] || h.State != "down" || h.Agent || h.Used != wantUsed || h.Ranges != 2 ||
+		// Each host's agent runs (its plugins went through it): up.
+		if h.Name != hosts[i] || h.State != "up" || !h.Agent || h.Used != wantUsed || h.Ranges != 2 ||
 			time.Since(h.LastSeen) > 5*time.Minute || !slices.Equal(h.Pools, []string{network + "-0", network + "-1"}) {
 			t.Errorf("host %d: %+v", i, h)
 		}
@@ -119,7 +119,7 @@ func TestStatusLsPorts(t *testing.T) {
 		"POOL FAMILY SIZE USED HELD FREE RANGES",
 		"rcnet-0 IPv4 253 8 1 244 3",
 		"rcnet-1 IPv6 18446744073709551614 8 1 18446744073709551605 3",
-		"A node-a down", "B node-b down", "C node-c down",
+		"A node-a up", "B node-b up", "C node-c up",
 		"ring rcnet-0: 198.18.20.2 - 198.18.20.254, 3 ranges",
 	} {
 		if !slices.ContainsFunc(fields, func(l string) bool { return strings.HasPrefix(l, want) }) {
@@ -214,7 +214,7 @@ func TestStatusLsPorts(t *testing.T) {
 
 	// explain: the plugin's own configuration, a static address in use.
 	conf := t.TempDir() + "/net.conf"
-	writeFile(t, conf, netConf(c.ipam("node-b", nil)))
+	writeFile(t, conf, netConf(c.ipam(t, "node-b", nil)))
 	r := ringctlRun(t, nil, "--config", conf, "explain", "--ip", addrs["node-c-2"][0], "--container", "new")
 	if r.code != 1 || !strings.Contains(r.stdout, "fail static rcnet-0 (CNI code 100)") || !strings.Contains(r.stdout, "an ADD on host node-b would fail now") {
 		t.Errorf("explain of a taken address: exit %d\n%s%s", r.code, r.stdout, r.stderr)
@@ -287,8 +287,10 @@ func TestDryRunsAreTheRuns(t *testing.T) {
 		t.Fatalf("release %s:\ndry run:\n%s\nreal run:\n%s", victim, dryText, realText)
 	}
 
-	// gc: node-c is not seen for longer than orphan-after; node-a and
-	// node-b are seen again (an ADD); ns/node-b-0's hold has ended.
+	// gc: node-c is not seen for longer than orphan-after (its agent
+	// stopped: the host is down); node-a and node-b are seen again (an
+	// ADD); ns/node-b-0's hold has ended.
+	c.agent(t, "node-c").Stop(t)
 	time.Sleep(5 * time.Second)
 	c.add(t, "node-a", "node-a-9", "", hold)
 	c.add(t, "node-b", "node-b-9", "", hold)
@@ -325,15 +327,17 @@ func TestDryRunsAreTheRuns(t *testing.T) {
 	if out := c.ok(t, "check"); !strings.HasPrefix(out, "ok:") {
 		t.Fatalf("check after the repairs:\n%s", out)
 	}
-	// node-c comes back: its STATUS tells it to acknowledge; host ack clears it.
-	_, err := ipamExecErr("STATUS", netConf(c.ipam("node-c", hold)), "", "")
+	// node-c comes back (its agent first): its STATUS tells it to
+	// acknowledge; host ack clears it.
+	c.agent(t, "node-c").Start(t)
+	_, err := ipamExecErr("STATUS", netConf(c.ipam(t, "node-c", hold)), "", "")
 	if err == nil || !strings.Contains(err.Error(), "ringctl host ack node-c") {
 		t.Fatalf("STATUS of the orphaned host: %v", err)
 	}
 	if out := c.ok(t, "host", "ack", "node-c"); !strings.Contains(out, "ack node-c") {
 		t.Fatalf("host ack: %s", out)
 	}
-	if _, err := ipamExecErr("STATUS", netConf(c.ipam("node-c", hold)), "", ""); err != nil {
+	if _, err := ipamExecErr("STATUS", netConf(c.ipam(t, "node-c", hold)), "", ""); err != nil {
 		t.Fatalf("STATUS after host ack: %v", err)
 	}
 }
@@ -477,7 +481,6 @@ func TestCheck(t *testing.T) {
 	}
 	lab := netns.New(t, "rckl")
 	lab.MustRun(t, "ip", "link", "set", "lo", "up")
-	relay := relayInto(t, lab, strings.TrimPrefix(etcd.Endpoints()[0], "http://"))
 	for _, tc := range cases {
 		t.Run(tc.invariant, func(t *testing.T) {
 			c := &cluster{etcd: etcd, prefix: "/" + netns.Unique("rck-") + "/"}
@@ -490,9 +493,9 @@ func TestCheck(t *testing.T) {
 			}
 			// Published ports, by the real portmap-ingress: an ingress, a
 			// host-mode and a dynamic ingress port.
-			c.publish(t, lab, relay, "node-a", "node-a-0", addrs["node-a-0"][0], map[string]any{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "mode": "ingress"})
-			c.publish(t, lab, relay, "node-b", "node-b-0", addrs["node-b-0"][0], map[string]any{"hostPort": 5353, "containerPort": 53, "protocol": "udp"})
-			c.publish(t, lab, relay, "node-c", "node-c-0", addrs["node-c-0"][0], map[string]any{"hostPort": 0, "containerPort": 80, "protocol": "tcp", "mode": "ingress"})
+			c.publish(t, lab, "node-a", "node-a-0", addrs["node-a-0"][0], map[string]any{"hostPort": 8080, "containerPort": 80, "protocol": "tcp", "mode": "ingress"})
+			c.publish(t, lab, "node-b", "node-b-0", addrs["node-b-0"][0], map[string]any{"hostPort": 5353, "containerPort": 53, "protocol": "udp"})
+			c.publish(t, lab, "node-c", "node-c-0", addrs["node-c-0"][0], map[string]any{"hostPort": 0, "containerPort": 80, "protocol": "tcp", "mode": "ingress"})
 			// Container networks with their own gateways, by the real
 			// ipam-ring: ip and gateway of each.
 			for i, args := range []string{"", "SUBNET=10.99.0.0/24;IP=10.99.0.5", "SUBNET=10.99.0.0/24;IP=10.99.0.6"} {
@@ -502,6 +505,10 @@ func TestCheck(t *testing.T) {
 			if out := c.ok(t, "check"); out != "ok: every invariant holds\n" {
 				t.Fatalf("check of a healthy store:\n%s", out)
 			}
+			// The hosts' agents stop first: an agent that finds its host's
+			// state changed would repair some of it (Readopt) before the
+			// check reads what was written.
+			c.stopAgents(t)
 			st := cnitest.OpenStore(t, c.store())
 			tc.corrupt(t, c, st, addrs)
 			r := c.ringctl(t, "check")
@@ -546,7 +553,7 @@ const cnNetwork = "rccn"
 // the container's ip and its gateway.
 func (c *cluster) addCNet(t *testing.T, host, ctr, cniArgs string) []string {
 	t.Helper()
-	ipam := c.ipam(host, map[string]any{"gatewayMode": "per-container", "ranges": [][]map[string]string{{{"subnet": "198.18.21.0/24"}}}})
+	ipam := c.ipam(t, host, map[string]any{"gatewayMode": "per-container", "ranges": [][]map[string]string{{{"subnet": "198.18.21.0/24"}}}})
 	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": cnNetwork, "type": "ptp", "ipam": ipam})
 	var r struct {
 		IPs []struct {
