@@ -226,6 +226,22 @@ func (a *Agent) end(t testing.TB, sig syscall.Signal) {
 	}
 }
 
+// Running returns nil while the agent runs, else an error saying how it
+// ended (or that it was stopped).
+func (a *Agent) Running() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.cmd == nil {
+		return fmt.Errorf("%s is stopped", a.Name)
+	}
+	select {
+	case <-a.done:
+		return fmt.Errorf("%s exited (%v):\n%s", a.Name, a.cmd.ProcessState, a.log.String())
+	default:
+		return nil
+	}
+}
+
 // Log returns what the agent wrote so far (all its runs).
 func (a *Agent) Log() string { return a.log.String() }
 

@@ -32,9 +32,7 @@ import (
 // configuration (conf) carries no TLS: an ipam-ring call succeeds only
 // through the agent's socket, never by reaching etcd itself.
 type agentProc struct {
-	cmd     *exec.Cmd
-	done    chan struct{}
-	logs    *syncBuffer
+	agent   *cnitest.Agent
 	socket  string
 	metrics string // base URL of /metrics
 	prefix  string
@@ -60,62 +58,26 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// startAgent starts ringipamd on a fresh TLS etcd with its store socket in
-// a fresh directory (mode 0755, so that the socket's own mode is the first
-// door), and waits for the socket to appear. The agent is killed when the
-// test ends.
+// startAgent starts ringipamd (cnitest.StartAgent) on a fresh TLS etcd,
+// serving its metrics on a loopback port, and makes its socket's
+// directory mode 0755, so that the socket's own mode is the first door.
 func startAgent(t *testing.T) *agentProc {
 	t.Helper()
 	netns.RequireRoot(t)
 	srv, files := testenv.StartEtcdTLS(t)
-	dir, err := os.MkdirTemp("", "rsec")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	listen := l.Addr().String()
 	l.Close()
-	a := &agentProc{done: make(chan struct{}), logs: &syncBuffer{}, socket: filepath.Join(dir, "store.sock"),
-		metrics: "http://" + listen + "/metrics", prefix: "/" + netns.Unique("sec-") + "/", etcd: srv, files: files}
-	a.cmd = exec.Command(agentBin, "--host", "sec-agent", "--store", "etcd", "--etcd-endpoints", strings.Join(srv.Endpoints(), ","),
-		"--etcd-cacert", files.CA, "--etcd-cert", files.Cert, "--etcd-key", files.Key,
-		"--store-prefix", a.prefix, "--listen", listen, "--ingress=false", "--store-socket", a.socket)
-	a.cmd.Stdout, a.cmd.Stderr = a.logs, a.logs
-	if err := a.cmd.Start(); err != nil {
+	a := &agentProc{metrics: "http://" + listen + "/metrics", prefix: "/" + netns.Unique("sec-") + "/", etcd: srv, files: files}
+	a.agent = cnitest.StartAgent(t, cnitest.AgentOptions{Endpoints: srv.Endpoints(), Prefix: a.prefix, Host: "sec-agent",
+		Args: []string{"--etcd-cacert", files.CA, "--etcd-cert", files.Cert, "--etcd-key", files.Key,
+			"--listen", listen, "--sweep=true", "--status-refresh", "10s", "--log-level", "info"}})
+	a.socket = a.agent.Socket
+	if err := os.Chmod(filepath.Dir(a.socket), 0o755); err != nil {
 		t.Fatal(err)
-	}
-	go func() { _ = a.cmd.Wait(); close(a.done) }()
-	t.Cleanup(func() {
-		_ = a.cmd.Process.Kill()
-		select {
-		case <-a.done:
-		case <-time.After(10 * time.Second):
-		}
-		if t.Failed() {
-			t.Logf("ringipamd output:\n%s", a.logs.String())
-		}
-	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if fi, err := os.Stat(a.socket); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			break
-		}
-		select {
-		case <-a.done:
-			t.Fatalf("ringipamd exited before serving its socket:\n%s", a.logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the store socket %s did not appear within 30s", a.socket)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 	return a
 }
@@ -126,7 +88,7 @@ func (a *agentProc) conf(t *testing.T) []byte {
 	b, err := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": "sec-agent", "type": "bridge",
 		"ipam": map[string]any{"type": "ipam-ring", "host": "sec-agent", "timeout": "10s",
 			"ranges": [][]map[string]string{{{"subnet": "198.18.124.0/24"}}},
-			"store":  map[string]any{"type": "etcd", "endpoints": a.etcd.Endpoints(), "prefix": a.prefix, "agentSocket": a.socket}}})
+			"store":  a.agent.Store(map[string]any{"type": "etcd", "endpoints": a.etcd.Endpoints(), "prefix": a.prefix})}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,10 +98,8 @@ func (a *agentProc) conf(t *testing.T) []byte {
 // alive fails the test if the agent has exited.
 func (a *agentProc) alive(t *testing.T) {
 	t.Helper()
-	select {
-	case <-a.done:
-		t.Fatalf("ringipamd exited: %v", a.cmd.ProcessState)
-	default:
+	if err := a.agent.Running(); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -245,7 +205,7 @@ func TestAgentSocketServesRootOnly(t *testing.T) {
 	if n := a.metric(t, refusedPeers); n != 1 {
 		t.Fatalf("%s = %v after one client of uid 65534, want 1", refusedPeers, n)
 	}
-	if logs := a.logs.String(); !strings.Contains(logs, "uid 65534") {
+	if logs := a.agent.Log(); !strings.Contains(logs, "uid 65534") {
 		t.Fatalf("the agent logged no refusal of uid 65534:\n%s", logs)
 	}
 	// Root is still served.

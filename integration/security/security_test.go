@@ -274,13 +274,17 @@ func TestEtcdCredentialsNeverLogged(t *testing.T) {
 	}
 	closed := l.Addr().String()
 	l.Close()
+	// The plugins' calls go to the host agent of that etcd, which cannot
+	// reach it either; neither prints the password.
+	agent := cnitest.StartAgent(t, cnitest.AgentOptions{Endpoints: []string{"http://" + closed}, Host: "sechost",
+		Args: []string{"--etcd-dial-timeout", "1s", "--etcd-request-timeout", "1s"}})
 	conf, _ := json.Marshal(map[string]any{
 		"cniVersion": "1.1.0", "name": "sec", "type": "bridge",
 		"ipam": map[string]any{
 			"type": "ipam-ring", "host": "sechost", "timeout": "3s",
 			"ranges": [][]map[string]string{{{"subnet": "198.18.121.0/24"}}},
-			"store": map[string]any{"type": "etcd", "endpoints": []string{"http://" + closed},
-				"username": "ringipam", "password": secret, "dialTimeout": "1s", "requestTimeout": "1s"},
+			"store": agent.Store(map[string]any{"type": "etcd", "endpoints": []string{"http://" + closed},
+				"username": "ringipam", "password": secret, "dialTimeout": "1s", "requestTimeout": "1s"}),
 		},
 	})
 	for _, verb := range []string{"ADD", "DEL", "CHECK", "STATUS"} {
@@ -291,6 +295,9 @@ func TestEtcdCredentialsNeverLogged(t *testing.T) {
 		if bytes.Contains(r.stdout, []byte(secret)) || bytes.Contains(r.stderr, []byte(secret)) {
 			t.Fatalf("%s printed the etcd password: %s %s", verb, r.stdout, r.stderr)
 		}
+	}
+	if strings.Contains(agent.Log(), secret) {
+		t.Fatalf("the agent printed the etcd password:\n%s", agent.Log())
 	}
 	// The driver, configured by file, logs its configuration and its failure.
 	dir := t.TempDir()
