@@ -69,6 +69,7 @@ type profile struct {
 	plugin        string  // ipam-ring
 	portPlugin    string  // portmap-ingress
 	race          bool    // the first attachments of hosts 0 and 1 race (raceConfig)
+	direct        bool    // the plugins reach etcd themselves, not through the host's agent (the broken variants)
 	ops           int     // at least this many calls (CNI ADD/DEL and Docker requests)
 	cniOps        int     // and at least this many of them ADD/DEL through the ipam-ring binary
 	cycles        int     // at least this many fault cycles
@@ -137,7 +138,7 @@ func TestChaos(t *testing.T) {
 // workload's own races come on top.
 func TestChaosCatchesBrokenAllocator(t *testing.T) {
 	p := shortProfile(brokenBin, brokenPortmapBin)
-	p.name, p.race = "broken", true
+	p.name, p.race, p.direct = "broken", true, true
 	p.linTimeout = 10 * time.Second // refuting a history can take porcupine long; the duplicates are the point here
 	r := runSuite(t, p)
 	if r.duplicates == 0 {
@@ -223,14 +224,15 @@ func poolAddrs() []netip.Addr {
 
 // netConf is the CNI network configuration every host uses (the IPAM part
 // as a main plugin would hand it over). host "" leaves the plugin to use
-// the host name.
-func netConf(network, poolName, host, prefix string, endpoints []string) []byte {
+// the host name; agent is the host's agent, nil for a plugin that reaches
+// etcd itself (storeConf).
+func netConf(network, poolName, host, prefix string, endpoints []string, agent *cnitest.Agent) []byte {
 	ipamConf := map[string]any{
 		"type":    "ipam-ring",
 		"ranges":  [][]map[string]string{{{"subnet": subnet.String(), "rangeStart": rangeFrom.String(), "rangeEnd": rangeTo.String()}}},
 		"pools":   []string{poolName},
 		"timeout": "6s",
-		"store":   storeConf(prefix, endpoints),
+		"store":   storeConf(prefix, endpoints, agent),
 	}
 	if host != "" {
 		ipamConf["host"] = host
@@ -239,9 +241,15 @@ func netConf(network, poolName, host, prefix string, endpoints []string) []byte 
 	return b
 }
 
-// storeConf is the store object of both plugins' configurations.
-func storeConf(prefix string, endpoints []string) map[string]any {
-	return map[string]any{"type": "etcd", "endpoints": endpoints, "prefix": prefix, "dialTimeout": "1s", "requestTimeout": "2s"}
+// storeConf is the store object of both plugins' configurations: through
+// the host's agent, or (agent nil) without one, for the broken variants,
+// which reach etcd themselves on purpose.
+func storeConf(prefix string, endpoints []string, agent *cnitest.Agent) map[string]any {
+	st := map[string]any{"type": "etcd", "endpoints": endpoints, "prefix": prefix, "dialTimeout": "1s", "requestTimeout": "2s"}
+	if agent != nil {
+		st = agent.Store(st)
+	}
+	return st
 }
 
 // history collects the calls of every worker of the run: those of
@@ -454,10 +462,33 @@ func runSuite(t *testing.T, p profile) result {
 		t.Fatal(err)
 	}
 
+	// Every host's agent (ringipamd), in the host's namespace: the
+	// plugins there send their calls to it, so a partition of the host
+	// cuts its agent off from etcd, and a leader kill is the agent's to
+	// ride out. Its etcd client fails as fast as the plugins' did.
+	daemons := map[*host]*cnitest.Agent{}
+	for _, h := range l.hosts {
+		daemons[h] = cnitest.StartAgent(t, cnitest.AgentOptions{Endpoints: l.endpoints(), Prefix: prefix, Host: h.name, NS: h.ns,
+			Args: []string{"--etcd-dial-timeout", "1s", "--etcd-request-timeout", "2s"}})
+	}
+	// agentOf is the agent h's plugins use: none for the broken variants.
+	agentOf := func(h *host) *cnitest.Agent {
+		if p.direct {
+			return nil
+		}
+		return daemons[h]
+	}
+
 	// The CNI definition of the pool is recorded first (one ADD and DEL as
-	// host 0), so that the Docker network adopts its range.
-	runPlugin(t, p.plugin, "ADD", "setup", netConf(network, poolName, l.hosts[0].name, prefix, l.relays))
-	runPlugin(t, p.plugin, "DEL", "setup", netConf(network, poolName, l.hosts[0].name, prefix, l.relays))
+	// host 0, through host 0's agent; the broken plugin through the
+	// loopback relays), so that the Docker network adopts its range.
+	setupEndpoints := l.endpoints()
+	if p.direct {
+		setupEndpoints = l.relays
+	}
+	setup := netConf(network, poolName, l.hosts[0].name, prefix, setupEndpoints, agentOf(l.hosts[0]))
+	runPlugin(t, p.plugin, "ADD", "setup", setup)
+	runPlugin(t, p.plugin, "DEL", "setup", setup)
 
 	drv, err := l.startDriver(driverBin, prefix)
 	if err != nil {
@@ -482,8 +513,8 @@ func runSuite(t *testing.T, p profile) result {
 	}
 	for i, h := range l.hosts {
 		cfg := agentConfig{
-			Host: h.name, Index: i, Plugin: p.plugin, Conf: netConf(network, poolName, "", prefix, l.endpoints()),
-			PortPlugin: p.portPlugin, PortConf: portConf(network, prefix, l.endpoints()),
+			Host: h.name, Index: i, Plugin: p.plugin, Conf: netConf(network, poolName, "", prefix, l.endpoints(), agentOf(h)),
+			PortPlugin: p.portPlugin, PortConf: portConf(network, prefix, l.endpoints(), agentOf(h)),
 			Netns: ctr.Path, Workers: p.workers, KillRate: p.killRate,
 			CallLimit: 30 * time.Second, Seed: seed + uint64(i),
 		}

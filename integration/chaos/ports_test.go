@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 )
@@ -41,7 +42,7 @@ const portRangeSize = int(portHi-portLo) + 1
 // portConf is portmap-ingress's network configuration on every host (the
 // agent adds prevResult for ADD and the valid attachments for GC). No
 // "host": the plugin takes the host name, as ipam-ring does.
-func portConf(network, prefix string, endpoints []string) []byte {
+func portConf(network, prefix string, endpoints []string, agent *cnitest.Agent) []byte {
 	b, _ := json.Marshal(map[string]any{
 		"cniVersion":   "1.1.0",
 		"name":         network,
@@ -52,7 +53,7 @@ func portConf(network, prefix string, endpoints []string) []byte {
 		}},
 		"dynamicRange": fmt.Sprintf("%d-%d", portLo, portHi),
 		"timeout":      "6s",
-		"store":        storeConf(prefix, endpoints),
+		"store":        storeConf(prefix, endpoints, agent),
 	})
 	return b
 }
