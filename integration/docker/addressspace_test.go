@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/ringipam/ringipam/integration/cnitest"
@@ -13,12 +14,14 @@ import (
 	"github.com/ringipam/ringipam/internal/testenv"
 )
 
+// cniConf is an ipam-ring network configuration of host on etcd store st,
+// through host's agent (hostAgent).
 func cniConf(t *testing.T, version, network, host string, pools []string, subnet netip.Prefix, st storeSpec, extra map[string]any) []byte {
 	t.Helper()
 	ipamConf := map[string]any{
 		"type": "ipam-ring", "host": host,
 		"ranges": [][]map[string]string{{{"subnet": subnet.String()}}},
-		"store":  map[string]any{"type": "etcd", "endpoints": st.endpoints, "prefix": st.prefix},
+		"store":  hostAgent(t, st, host).Store(map[string]any{"type": "etcd", "endpoints": st.endpoints, "prefix": st.prefix}),
 	}
 	if pools != nil {
 		ipamConf["pools"] = pools
@@ -32,6 +35,25 @@ func cniConf(t *testing.T, version, network, host string, pools []string, subnet
 		t.Fatal(err)
 	}
 	return b
+}
+
+// agents are the host agents the tests started, by etcd prefix (unique
+// to a test) and host name.
+var agents sync.Map
+
+// hostAgent is the agent of host on etcd store st, started for t on first
+// use: the CNI plugin on etcd goes through it (the driver reaches etcd
+// itself, or its own agent's socket).
+func hostAgent(t *testing.T, st storeSpec, host string) *cnitest.Agent {
+	t.Helper()
+	key := st.prefix + "|" + host
+	if a, ok := agents.Load(key); ok {
+		return a.(*cnitest.Agent)
+	}
+	a := cnitest.StartAgent(t, cnitest.AgentOptions{Endpoints: st.endpoints, Prefix: st.prefix, Host: host})
+	agents.Store(key, a)
+	t.Cleanup(func() { agents.Delete(key) })
+	return a
 }
 
 // cniError returns the CNI error code and message in a plugin's failure output.

@@ -323,7 +323,7 @@ func TestSharedWithCNI(t *testing.T) {
 		"ipam": map[string]any{
 			"type": "ipam-ring", "host": "cnihost", "pools": []string{poolName},
 			"ranges": [][]map[string]string{{{"subnet": subnet.String()}}},
-			"store":  map[string]any{"type": "etcd", "endpoints": st.endpoints, "prefix": st.prefix},
+			"store":  hostAgent(t, st, "cnihost").Store(map[string]any{"type": "etcd", "endpoints": st.endpoints, "prefix": st.prefix}),
 		},
 	})
 	if err != nil {
