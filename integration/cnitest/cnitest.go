@@ -2,8 +2,10 @@
 
 // Package cnitest is the harness the integration tests share: it builds the
 // ipam-ring plugin from this checkout, finds the reference CNI binaries,
-// makes CNI_PATH directories, drives libcni from inside a network namespace
-// and opens the store a plugin configuration names, for the test to inspect.
+// makes CNI_PATH directories, drives libcni from inside a network namespace,
+// starts the host agent (ringipamd) that plugins on an etcd store go
+// through (StartAgent), and opens the store a plugin configuration names,
+// for the test to inspect.
 //
 // Contract: only integration-tagged tests import it (it is built with the
 // integration tag only). Main must be the body of the importing package's
