@@ -14,9 +14,6 @@ import (
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
-	// TLS to etcd of its own when no agent serves the store (the plugins
-	// have none; see package etcdtls).
-	_ "github.com/ringipam/ringipam/pkg/store/etcdjson/etcdtls"
 )
 
 // shutdownGrace bounds the graceful shutdown of the listeners.

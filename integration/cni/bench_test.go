@@ -75,7 +75,8 @@ func variants(b *testing.B) []ipamVariant {
 // through a ringipamd started for the benchmark (stopped at its end).
 func benchEtcd(b *testing.B, e *testenv.Etcd, withAgent bool) map[string]any {
 	st := etcdStore(e.Endpoints(), "/ringipam/")
-	st["agentSocket"] = "off"
+	// Without an agent: a socket where none answers.
+	st["agentSocket"] = filepath.Join(b.TempDir(), "no-agent.sock")
 	if withAgent {
 		st = agentStore(b, e.Endpoints(), "/ringipam/", "bench")
 	}

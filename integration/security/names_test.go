@@ -229,7 +229,7 @@ func startDriver(t *testing.T) *driverProc {
 	name := netns.Unique("rsec-")
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, driverBin, "--name", name, "--plugin-dir", dir, "--host", "sechost", "--store", "etcd",
-		"--etcd-endpoints", etcd.Endpoints()[0], "--store-prefix", prefix, "--store-socket", "off")
+		"--etcd-endpoints", etcd.Endpoints()[0], "--etcd-prefix", prefix)
 	var logs syncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {

@@ -22,7 +22,6 @@ import (
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store"
-	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store/relay"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
@@ -135,19 +134,14 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 	case o.store != nil:
 		a.st = o.store
 	case cfg.Store.Type == storeconfig.TypeEtcd:
-		// The agent uses etcd's own client: it needs leases and watches.
-		ec := etcd.Config{Endpoints: cfg.Store.Endpoints, Prefix: cfg.Store.Prefix, Username: cfg.Store.Username,
-			Password: cfg.Store.Password, DialTimeout: time.Duration(cfg.Store.DialTimeout), RequestTimeout: time.Duration(cfg.Store.RequestTimeout)}
-		if t := cfg.Store.TLS; t != nil {
-			ec.TLS = &etcd.TLS{CAFile: t.CA, CertFile: t.Cert, KeyFile: t.Key}
-		}
-		es, err := etcd.New(ec)
+		// The concrete etcd store: the agent needs its leases and watches.
+		es, err := storeconfig.OpenEtcd(cfg.Store)
 		if err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
 		a.st, a.cli, a.prefix = es, es.Client(), es.Prefix()
 	default:
-		if a.st, err = storeconfig.OpenDirect(cfg.Store); err != nil {
+		if a.st, err = storeconfig.Open(cfg.Store); err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
 	}
@@ -212,7 +206,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			if l != nil {
 				l.Close()
 			}
-			return fmt.Errorf("%w (another ringipamd of this host? --store-socket=off turns the socket off)", err)
+			return fmt.Errorf("%w (another ringipamd of this host? --agent-socket names another socket)", err)
 		}
 	}
 	a.log.Info("ringipamd starting", "host", a.cfg.Host, "addr", a.cfg.Addr, "store", a.cfg.Store.Describe(),

@@ -16,9 +16,6 @@ import (
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
-	// TLS to etcd of its own when no agent serves the store (the plugins
-	// have none; see package etcdtls).
-	_ "github.com/ringipam/ringipam/pkg/store/etcdjson/etcdtls"
 )
 
 // Exit codes of ringctl.

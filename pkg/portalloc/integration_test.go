@@ -10,11 +10,9 @@ import (
 	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/etcd"
-	"github.com/ringipam/ringipam/pkg/store/etcdjson"
 )
 
-// On a real etcd, through both clients (gRPC, and the JSON gateway the
-// plugins use): the basics (an ingress port on host A refused on host B,
+// On a real etcd, through etcd's client: the basics (an ingress port on host A refused on host B,
 // host ports, exhaustion, release), two hosts choosing dynamic ingress
 // ports 8 at a time each without a collision, and two requests that read
 // before either commits on a narrow range (runCommitRace).
@@ -26,9 +24,6 @@ func TestAllocatorEtcd(t *testing.T) {
 	}{
 		{"grpc", func(prefix string) (store.Store, error) {
 			return etcd.New(etcd.Config{Endpoints: srv.Endpoints(), Prefix: prefix, DialTimeout: 5 * time.Second, RequestTimeout: 30 * time.Second})
-		}},
-		{"json", func(prefix string) (store.Store, error) {
-			return etcdjson.New(etcdjson.Config{Endpoints: srv.Endpoints(), Prefix: prefix, DialTimeout: 5 * time.Second, RequestTimeout: 30 * time.Second})
 		}},
 	}
 	for _, c := range clients {

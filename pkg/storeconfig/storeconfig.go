@@ -10,13 +10,20 @@
 //	 "username": "", "password": "", "dialTimeout": "5s", "requestTimeout": "10s"}
 //
 // Durations are Go duration strings ("1.5s", "300ms") or integer seconds.
-// An empty type means "local". Validate reports every problem of a Config
-// at once, as one error; Open validates, applies the backends' defaults and
-// returns the store (an etcd store speaks etcd's JSON gateway, package
-// etcdjson, so that no user of this package links the gRPC client; long-
-// running components that need leases or watches use package etcd
-// directly). Config values are plain data: copy them freely; the
-// zero value is a valid local store at the default path.
+// An empty type means "local". Parse decodes with encoding/json and refuses
+// unknown keys. Validate reports every problem of a Config at once, as one
+// error; Open validates, applies the backends' defaults and returns the
+// store: package local for "local", package etcd (etcd's own client,
+// go.etcd.io/etcd/client/v3) for "etcd". OpenEtcd returns the concrete
+// etcd store, for the host agent, which needs its leases and watches.
+// Neither blocks on the network or the file, with one exception: etcd
+// with a username authenticates while opening, within dialTimeout.
+//
+// RegisterFlags (flags.go) is the one command-line vocabulary of a store,
+// shared by the agent, the Docker driver and ringctl.
+//
+// Config values are plain data: copy them freely; the zero value is a
+// valid local store at the default path.
 package storeconfig
 
 import (
@@ -27,14 +34,14 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/store"
-	"github.com/ringipam/ringipam/pkg/store/etcdjson"
+	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store/local"
-	"github.com/ringipam/ringipam/pkg/store/relay"
 )
 
 // Store types.
@@ -116,26 +123,26 @@ type Config struct {
 	Password       string   `json:"password,omitempty"`
 	DialTimeout    Duration `json:"dialTimeout,omitempty"`    // default 5s
 	RequestTimeout Duration `json:"requestTimeout,omitempty"` // default 10s
-	// AgentSocket is the unix socket where the host agent (ringipamd)
-	// serves this etcd store: the agent listens there; ipam-ring sends its
-	// whole invocations there (package relay, Invoke), the Docker driver
-	// and ringctl their store calls, when an agent of the same cluster
-	// answers, and each reaches etcd itself when none does. Default
-	// /run/ringipam/store.sock; "off": never.
+	// AgentSocket is the unix socket of the host agent (ringipamd) of an
+	// etcd store: the agent listens there and the CNI plugins send it
+	// their invocations; the plugins reach etcd only through the agent.
+	// Default DefaultAgentSocket. The Docker driver, ringctl and the
+	// agent itself reach etcd directly.
 	AgentSocket string `json:"agentSocket,omitempty"`
 }
 
-// AgentSocketOff turns the agent's store socket off.
-const AgentSocketOff = "off"
+// DefaultAgentSocket is the host agent's socket of an etcd store when
+// Config.AgentSocket is empty.
+const DefaultAgentSocket = "/run/ringipam/agent.sock"
 
-// Socket returns the agent's store socket of an etcd store ("" when
-// off or for a local store).
+// Socket returns the host agent's socket of an etcd store, its default
+// applied ("" for a local store, which needs no agent).
 func (c Config) Socket() string {
 	switch {
-	case c.Type != TypeEtcd || c.AgentSocket == AgentSocketOff:
+	case c.Type != TypeEtcd:
 		return ""
 	case c.AgentSocket == "":
-		return relay.DefaultSocket
+		return DefaultAgentSocket
 	}
 	return c.AgentSocket
 }
@@ -164,31 +171,81 @@ func (c Config) localPath() string {
 	return filepath.Clean(c.Path)
 }
 
-// Identity is the cluster an etcd store names, as the agent's socket
-// compares it.
-func (c Config) Identity() relay.Identity {
-	return relay.Identity{Prefix: c.etcdPrefix(), Endpoints: c.Endpoints}
+// Identity is the cluster an etcd store names, as the agent compares it
+// with the store of a caller.
+func (c Config) Identity() Identity {
+	return Identity{Prefix: c.etcdPrefix(), Endpoints: c.Endpoints}
+}
+
+// Identity names an etcd cluster and key prefix: the store a caller means,
+// or the one an agent serves.
+type Identity struct {
+	Prefix    string   `json:"prefix"`
+	Endpoints []string `json:"endpoints"`
+}
+
+// Matches reports whether a caller's identity c names the cluster the
+// served identity s names: the same prefix, and one endpoint in common
+// (compared without scheme and trailing slash).
+func (s Identity) Matches(c Identity) bool {
+	if s.Prefix != c.Prefix {
+		return false
+	}
+	for _, a := range s.Endpoints {
+		for _, b := range c.Endpoints {
+			if normEndpoint(a) == normEndpoint(b) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Key is s in one canonical string: the prefix, then the endpoints compared
+// as Matches compares them (without scheme and trailing slash), sorted, each
+// after a NUL. Identities naming the same endpoints in any order, spelled
+// with or without scheme, have the same Key.
+func (s Identity) Key() string {
+	eps := make([]string, len(s.Endpoints))
+	for i, e := range s.Endpoints {
+		eps[i] = normEndpoint(e)
+	}
+	slices.Sort(eps)
+	var b strings.Builder
+	b.WriteString(s.Prefix)
+	for _, e := range eps {
+		b.WriteByte(0)
+		b.WriteString(e)
+	}
+	return b.String()
+}
+
+func normEndpoint(e string) string {
+	if _, rest, ok := strings.Cut(e, "://"); ok {
+		e = rest
+	}
+	return strings.TrimRight(e, "/")
 }
 
 // etcdPrefix is an etcd store's key prefix, its default applied.
 func (c Config) etcdPrefix() string {
 	if c.Prefix == "" {
-		return etcdjson.DefaultPrefix
+		return etcd.DefaultPrefix
 	}
 	return c.Prefix
 }
 
-// Parse decodes a JSON store config, rejecting unknown fields, and
-// validates it.
+// Parse decodes a JSON store config with encoding/json, rejecting unknown
+// fields, and validates it.
 func Parse(data []byte) (Config, error) {
 	var c Config
-	if !parseFast(data, &c) {
-		c = Config{}
-		dec := json.NewDecoder(bytes.NewReader(data))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&c); err != nil {
-			return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
-		}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	if dec.More() {
+		return Config{}, fmt.Errorf("%w: data after the store object", ErrInvalid)
 	}
 	if err := c.Validate(); err != nil {
 		return Config{}, err
@@ -241,8 +298,11 @@ func (c Config) Validate() error {
 		if c.Password != "" && c.Username == "" {
 			bad("password given without username")
 		}
-		if a := c.AgentSocket; a != "" && a != AgentSocketOff && (!filepath.IsAbs(a) || strings.ContainsRune(a, 0)) {
-			bad("agentSocket %q must be an absolute path or \"off\"", a)
+		switch a := c.AgentSocket; {
+		case a == "off":
+			bad(`agentSocket "off" is no longer accepted: on etcd the CNI plugins reach etcd only through the host agent (ringipamd); leave agentSocket out (default %s) or name the agent's socket`, DefaultAgentSocket)
+		case a != "" && (!filepath.IsAbs(a) || strings.ContainsRune(a, 0)):
+			bad("agentSocket %q must be an absolute path", a)
 		}
 	default:
 		bad(`unknown type %q: want "local" or "etcd"`, c.Type)
@@ -284,49 +344,55 @@ func checkEndpoint(e string) error {
 	return nil
 }
 
-// Open validates c and opens the store it describes. A local store is
-// cheap (no file is opened until the first call); an etcd store holds a
-// client connection until Close. An etcd store goes through the host
-// agent's socket when an agent of the same cluster answers there (see
-// AgentSocket), and to etcd itself otherwise.
+// Open validates c and opens the store it describes: package local's
+// store for "local", package etcd's (etcd's own client) for "etcd". A
+// local store opens no file until its first call; an etcd store holds a
+// client until Close and does not wait for the cluster (except to
+// authenticate a username, within dialTimeout): its first call does,
+// under the caller's ctx and requestTimeout.
 func Open(c Config) (store.Store, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	if sock := c.Socket(); sock != "" {
-		return relay.NewClient(sock, c.Identity(), func() (store.Store, error) { return openDirect(c) }), nil
+	if c.Type == TypeEtcd {
+		return openEtcd(c)
 	}
-	return openDirect(c)
+	return local.New(local.Config{Path: c.Path, OpenTimeout: time.Duration(c.OpenTimeout), Prefix: c.Prefix})
 }
 
-// OpenDirect is Open without the agent's socket: an etcd store reaches
-// etcd itself.
-func OpenDirect(c Config) (store.Store, error) {
+// OpenEtcd is Open for a component that needs more of etcd than the store
+// contract (the host agent's leases and watches): it returns the concrete
+// etcd store, or an error wrapping ErrInvalid when c is not a valid etcd
+// store.
+func OpenEtcd(c Config) (*etcd.Store, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	return openDirect(c)
+	if c.Type != TypeEtcd {
+		return nil, fmt.Errorf("%w: store type %q is not etcd", ErrInvalid, c.Type)
+	}
+	return openEtcd(c)
 }
 
-// openDirect opens the store of a validated c.
-func openDirect(c Config) (store.Store, error) {
-	switch c.Type {
-	case TypeEtcd:
-		cfg := etcdjson.Config{
-			Endpoints:      c.Endpoints,
-			Prefix:         c.Prefix,
-			Username:       c.Username,
-			Password:       c.Password,
-			DialTimeout:    time.Duration(c.DialTimeout),
-			RequestTimeout: time.Duration(c.RequestTimeout),
-		}
-		if c.TLS != nil {
-			cfg.TLS = &etcdjson.TLS{CAFile: c.TLS.CA, CertFile: c.TLS.Cert, KeyFile: c.TLS.Key}
-		}
-		return etcdjson.New(cfg)
-	default:
-		return local.New(local.Config{Path: c.Path, OpenTimeout: time.Duration(c.OpenTimeout), Prefix: c.Prefix})
+// EtcdConfig is the etcd store's configuration of c (defaults are applied
+// by package etcd).
+func (c Config) EtcdConfig() etcd.Config {
+	cfg := etcd.Config{
+		Endpoints:      c.Endpoints,
+		Prefix:         c.Prefix,
+		Username:       c.Username,
+		Password:       c.Password,
+		DialTimeout:    time.Duration(c.DialTimeout),
+		RequestTimeout: time.Duration(c.RequestTimeout),
 	}
+	if c.TLS != nil && *c.TLS != (TLS{}) {
+		cfg.TLS = &etcd.TLS{CAFile: c.TLS.CA, CertFile: c.TLS.Cert, KeyFile: c.TLS.Key}
+	}
+	return cfg
+}
+
+func openEtcd(c Config) (*etcd.Store, error) {
+	return etcd.New(c.EtcdConfig())
 }
 
 // Describe returns a one-line description for logs and STATUS messages,

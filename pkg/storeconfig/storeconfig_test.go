@@ -15,9 +15,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/ringipam/ringipam/pkg/store"
-	"github.com/ringipam/ringipam/pkg/store/etcdjson"
+	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store/local"
-	"github.com/ringipam/ringipam/pkg/store/relay"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
@@ -88,6 +87,8 @@ func TestParseErrors(t *testing.T) {
 		{"local with endpoints", `{"endpoints":["h:1"]}`, []string{`belong to type "etcd"`}},
 		{"local with agent socket", `{"agentSocket":"/run/x.sock"}`, []string{`belong to type "etcd"`}},
 		{"etcd relative agent socket", `{"type":"etcd","endpoints":["h:1"],"agentSocket":"x.sock"}`, []string{`agentSocket "x.sock" must be an absolute path`}},
+		{"etcd agent socket off", `{"type":"etcd","endpoints":["h:1"],"agentSocket":"off"}`, []string{`agentSocket "off" is no longer accepted`, "only through the host agent"}},
+		{"trailing data", `{"type":"local"} {}`, []string{"data after the store object"}},
 		{"all problems at once", `{"type":"etcd","dialTimeout":"-1s","tls":{"key":"/k"}}`,
 			[]string{"dialTimeout", "endpoint", "cert and key"}},
 	}
@@ -125,50 +126,51 @@ func TestOpen(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// etcd: etcd's own client, opened without waiting for the network
+	// (nothing listens at port 1; the first call fails, unavailable,
+	// within the request timeout).
 	etcdCfg := storeconfig.Config{Type: "etcd", Endpoints: []string{"127.0.0.1:1"},
 		DialTimeout: storeconfig.Duration(100 * time.Millisecond), RequestTimeout: storeconfig.Duration(200 * time.Millisecond)}
-	// With the agent's socket off, and through OpenDirect: etcd itself.
-	for _, open := range []func() (store.Store, error){
-		func() (store.Store, error) {
-			c := etcdCfg
-			c.AgentSocket = storeconfig.AgentSocketOff
-			return storeconfig.Open(c)
-		},
-		func() (store.Store, error) { return storeconfig.OpenDirect(etcdCfg) },
-	} {
-		e, err := open()
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer e.Close()
-		if es, ok := e.(*etcdjson.Store); !ok || es.Prefix() != etcdjson.DefaultPrefix {
-			t.Fatalf("Open(etcd) = %T", e)
-		}
-		if err := store.Ping(ctx, e); !errors.Is(err, store.ErrUnavailable) {
-			t.Fatalf("Ping of nothing: %v", err)
-		}
-	}
-	// By default through the agent's socket when one answers; nothing
-	// answers here, so the calls go to etcd and fail as etcd's would.
-	c := etcdCfg
-	c.AgentSocket = filepath.Join(t.TempDir(), "store.sock")
-	e, err := storeconfig.Open(c)
+	e, err := storeconfig.Open(etcdCfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	rc, ok := e.(*relay.Client)
-	if !ok {
-		t.Fatalf("Open(etcd) = %T, want the agent's client", e)
+	es, ok := e.(*etcd.Store)
+	if !ok || es.Prefix() != etcd.DefaultPrefix {
+		t.Fatalf("Open(etcd) = %T", e)
 	}
-	if err := store.Ping(ctx, e); !errors.Is(err, store.ErrUnavailable) {
+	if err := store.Ping(ctx, e); !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Fatalf("Ping of nothing: %v", err)
 	}
-	if !strings.Contains(rc.Via(), "no ringipamd at "+c.AgentSocket) {
-		t.Fatalf("Via: %q", rc.Via())
-	}
-	if got := (storeconfig.Config{Type: "etcd"}).Socket(); got != relay.DefaultSocket {
+	if got := (storeconfig.Config{Type: "etcd"}).Socket(); got != "/run/ringipam/agent.sock" {
 		t.Fatalf("default socket %q", got)
+	}
+	if got := (storeconfig.Config{}).Socket(); got != "" {
+		t.Fatalf("a local store's socket %q, want none", got)
+	}
+
+	// OpenEtcd: the concrete store, for etcd configs only.
+	oe, err := storeconfig.OpenEtcd(storeconfig.Config{Type: "etcd", Endpoints: []string{"127.0.0.1:1"}, Prefix: "/p/"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oe.Close()
+	if oe.Prefix() != "/p/" {
+		t.Errorf("OpenEtcd prefix %q", oe.Prefix())
+	}
+	if _, err := storeconfig.OpenEtcd(storeconfig.Config{Path: path}); !errors.Is(err, storeconfig.ErrInvalid) {
+		t.Errorf("OpenEtcd(local) err = %v, want ErrInvalid", err)
+	}
+	if _, err := storeconfig.OpenEtcd(storeconfig.Config{Type: "etcd"}); !errors.Is(err, storeconfig.ErrInvalid) {
+		t.Errorf("OpenEtcd(no endpoints) err = %v, want ErrInvalid", err)
+	}
+	// A TLS file that cannot be read is an error of Open, naming it.
+	bad := etcdCfg
+	bad.Endpoints = []string{"https://127.0.0.1:1"}
+	bad.TLS = &storeconfig.TLS{CA: filepath.Join(t.TempDir(), "missing-ca.pem")}
+	if _, err := storeconfig.Open(bad); err == nil || !strings.Contains(err.Error(), "missing-ca.pem") {
+		t.Errorf("Open with a missing CA file: %v", err)
 	}
 
 	if _, err := storeconfig.Open(storeconfig.Config{Type: "nope"}); !errors.Is(err, storeconfig.ErrInvalid) {
@@ -210,24 +212,24 @@ func FuzzDuration(f *testing.F) {
 	})
 }
 
-// The plugins start once per container: they must not link (and initialise
-// on every invocation) the gRPC etcd client, its protobuf registries and
-// its logger, nor net/http and crypto/tls (docs/benchmarks.md: the plugins
-// speak etcd's gateway with their own HTTP client and reach a TLS etcd
-// through the agent). Everything reaching storeconfig stays free of them.
-func TestPluginsDoNotLinkTheGRPCClient(t *testing.T) {
-	for _, pkg := range []string{"../../plugins/ipam-ring", "../../plugins/portmap-ingress"} {
+// The long-lived programs reach etcd through etcd's own client
+// (storeconfig.Open -> package etcd -> clientv3), and nothing links the
+// deleted wire clients of our own.
+func TestOneEtcdClient(t *testing.T) {
+	for _, pkg := range []string{"../../cmd/ringctl", "../../docker-driver", "../../cmd/ringipamd"} {
 		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
 		if err != nil {
 			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
 		}
 		deps := strings.Fields(string(out))
-		if !slices.Contains(deps, "github.com/ringipam/ringipam/pkg/storeconfig") {
-			t.Fatalf("go list %s: storeconfig not among its %d packages", pkg, len(deps))
+		for _, want := range []string{"go.etcd.io/etcd/client/v3", "github.com/ringipam/ringipam/pkg/store/etcd", "github.com/ringipam/ringipam/pkg/storeconfig"} {
+			if !slices.Contains(deps, want) {
+				t.Errorf("%s does not link %s", pkg, want)
+			}
 		}
 		for _, dep := range deps {
-			for _, heavy := range []string{"google.golang.org/grpc", "go.etcd.io/etcd/client", "go.etcd.io/etcd/api", "go.uber.org/zap", "google.golang.org/protobuf", "net/http", "crypto/tls"} {
-				if dep == heavy || strings.HasPrefix(dep, heavy+"/") {
+			for _, gone := range []string{"etcdjson", "etcdtls", "connctx"} {
+				if strings.Contains(dep, gone) {
 					t.Errorf("%s links %s", pkg, dep)
 				}
 			}
@@ -242,5 +244,41 @@ func TestHostName(t *testing.T) {
 	want, _ := os.Hostname()
 	if h, err := storeconfig.HostName(""); err != nil || h != want {
 		t.Fatalf("default: %q %v, want %q", h, err, want)
+	}
+}
+
+var served = storeconfig.Identity{Prefix: "/ringipam/", Endpoints: []string{"http://198.18.0.1:2379", "198.18.0.2:2379"}}
+
+func TestIdentityMatches(t *testing.T) {
+	for _, tc := range []struct {
+		c    storeconfig.Identity
+		want bool
+	}{
+		{storeconfig.Identity{Prefix: "/ringipam/", Endpoints: []string{"198.18.0.1:2379/"}}, true},
+		{storeconfig.Identity{Prefix: "/ringipam/", Endpoints: []string{"https://198.18.0.2:2379"}}, true},
+		{storeconfig.Identity{Prefix: "/ringipam/", Endpoints: []string{"198.18.0.3:2379"}}, false},
+		{storeconfig.Identity{Prefix: "/other/", Endpoints: []string{"198.18.0.1:2379"}}, false},
+		{storeconfig.Identity{Prefix: "/ringipam/"}, false},
+	} {
+		if got := served.Matches(tc.c); got != tc.want {
+			t.Errorf("%+v: %v, want %v", tc.c, got, tc.want)
+		}
+	}
+}
+
+func TestIdentityKey(t *testing.T) {
+	a := storeconfig.Identity{Prefix: "/r/", Endpoints: []string{"http://a:2379", "b:2379/"}}
+	b := storeconfig.Identity{Prefix: "/r/", Endpoints: []string{"https://b:2379", "a:2379"}}
+	if a.Key() != b.Key() || !a.Matches(b) {
+		t.Errorf("the same endpoints in another order and spelling: keys %q and %q", a.Key(), b.Key())
+	}
+	for _, c := range []storeconfig.Identity{
+		{Prefix: "/s/", Endpoints: a.Endpoints},
+		{Prefix: "/r/", Endpoints: []string{"a:2379"}},
+		{Prefix: "/r/", Endpoints: []string{"a:2379", "b:2380"}},
+	} {
+		if c.Key() == a.Key() {
+			t.Errorf("%+v has the key of %+v", c, a)
+		}
 	}
 }

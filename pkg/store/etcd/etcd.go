@@ -17,8 +17,10 @@
 //     asked in the transaction's failure branch.
 //   - Revisions are etcd's ModRevision: they only grow, and all keys of one
 //     commit share one.
-//   - Timeouts: New does not block on the network (the client dials lazily,
-//     except with Username set, where it authenticates within DialTimeout).
+//   - Timeouts: New does not block on the network (the client dials lazily),
+//     except with Username set: clientv3 then authenticates in New, within
+//     DialTimeout, and wrong credentials fail New with an error naming the
+//     user.
 //     Every call runs under RequestTimeout (or the caller's earlier deadline),
 //     so an unreachable cluster costs at most that long; a Scan of more than
 //     one page gives each page its own RequestTimeout, since etcd 3.4 reads
@@ -36,8 +38,10 @@ package etcd
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 
@@ -48,8 +52,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringipam/ringipam/pkg/store"
-	"github.com/ringipam/ringipam/pkg/store/etcdjson"
-	"github.com/ringipam/ringipam/pkg/store/etcdjson/etcdtls"
 )
 
 // Defaults applied by New to zero Config fields.
@@ -146,20 +148,46 @@ func New(cfg Config) (*Store, error) {
 		ccfg.TLS = tc
 	}
 	cli, err := clientv3.New(ccfg)
+	if errors.Is(err, rpctypes.ErrAuthFailed) {
+		return nil, fmt.Errorf("etcd store %s: authentication as user %q refused: check the username and password: %w", eps, cfg.Username, err)
+	}
 	if err != nil {
 		return nil, classify(context.Background(), eps, fmt.Errorf("connect: %w", err))
 	}
 	return &Store{cli: cli, prefix: cfg.Prefix, timeout: cfg.RequestTimeout, endpoints: eps, cfg: cfg, tls: ccfg.TLS != nil}, nil
 }
 
+// tlsConfig is the TLS client configuration of t (nil: the system's roots,
+// no client certificate): TLS 1.2 or later, the servers verified against
+// the CA bundle and by name (the client sets the name per endpoint), the
+// client certificate presented when one is named. The files are read here.
 func tlsConfig(t *TLS) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if t == nil {
-		return etcdtls.Config(nil)
+		return tc, nil
 	}
 	if (t.CertFile == "") != (t.KeyFile == "") {
 		return nil, errors.New("tls: cert and key must be given together")
 	}
-	return etcdtls.Config(&etcdjson.TLS{CAFile: t.CAFile, CertFile: t.CertFile, KeyFile: t.KeyFile})
+	if t.CertFile != "" {
+		pair, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls: client certificate %s / key %s: %w", t.CertFile, t.KeyFile, err)
+		}
+		tc.Certificates = []tls.Certificate{pair}
+	}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls: CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("tls: CA %s: no PEM certificate found", t.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	return tc, nil
 }
 
 // Client returns the underlying etcd client, for components that need more
@@ -389,6 +417,8 @@ func classify(ctx context.Context, endpoints string, err error) error {
 	// client's own deadline fires (found by integration/chaos).
 	serverTimedOut := code == codes.Unknown && strings.Contains(msg, context.DeadlineExceeded.Error())
 	switch {
+	case errors.Is(err, rpctypes.ErrPermissionDenied):
+		return fmt.Errorf("etcd store %s: %w (the etcd user needs a role granting readwrite on the key prefix)", endpoints, err)
 	case errors.Is(err, rpctypes.ErrTooManyOps), errors.Is(err, rpctypes.ErrRequestTooLarge):
 		return fmt.Errorf("%w: etcd store %s: %w", store.ErrTooLarge, endpoints, err)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(ctx.Err(), context.DeadlineExceeded), serverTimedOut,

@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,7 +16,6 @@ import (
 	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/etcd"
-	"github.com/ringipam/ringipam/pkg/store/relay"
 	"github.com/ringipam/ringipam/pkg/store/storetest"
 )
 
@@ -43,41 +40,6 @@ func TestContract(t *testing.T) {
 		storetest.Persistent(func(t *testing.T) func(t *testing.T) store.Store {
 			p := uniquePrefix()
 			return func(t *testing.T) store.Store { return open(t, srv, p) }
-		}))
-}
-
-// The same contract through the host agent's store socket (package relay):
-// the agent's gRPC store behind it, as ringipamd serves it to the plugins.
-func TestContractThroughTheAgentSocket(t *testing.T) {
-	srv := testenv.StartEtcd(t)
-	through := func(t *testing.T, prefix string) store.Store {
-		backend := open(t, srv, prefix)
-		id := relay.Identity{Prefix: prefix, Endpoints: srv.Endpoints()}
-		dir, err := os.MkdirTemp("", "rs")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		l, err := relay.Listen(filepath.Join(dir, "store.sock"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- relay.NewServer(backend, id, t.Logf).Serve(ctx, l) }()
-		t.Cleanup(func() { cancel(); <-done })
-		c := relay.NewClient(l.Addr().String(), id, func() (store.Store, error) {
-			t.Error("the client went direct although the agent serves its cluster")
-			return nil, errors.New("no direct store here")
-		})
-		t.Cleanup(func() { c.Close() })
-		return c
-	}
-	storetest.Run(t,
-		func(t *testing.T) store.Store { return through(t, uniquePrefix()) },
-		storetest.Persistent(func(t *testing.T) func(t *testing.T) store.Store {
-			p := uniquePrefix()
-			return func(t *testing.T) store.Store { return through(t, p) }
 		}))
 }
 

@@ -16,10 +16,6 @@ import (
 	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store/storetest"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
-
-	// TLS of its own, as the Docker driver and ringctl have (the plugins
-	// have none: package etcdtls).
-	_ "github.com/ringipam/ringipam/pkg/store/etcdjson/etcdtls"
 )
 
 func tlsOf(f testenv.TLSFiles) *etcd.TLS {
@@ -213,9 +209,8 @@ func TestTLSStoreConfig(t *testing.T) {
 	if err != nil || string(kvs[0].Value) != "v" || !kvs[0].Exists() {
 		t.Fatalf("Get: %+v, %v", kvs, err)
 	}
-	// The key is under the configured prefix on the server, as this
-	// package's gRPC client sees it (storeconfig opens the JSON gateway
-	// store: both speak one layout).
+	// The key is under the configured prefix on the server, as etcd's
+	// client sees it without a prefix.
 	grpcStore, err := etcd.New(etcd.Config{Endpoints: srv.Endpoints(), Prefix: "/", RequestTimeout: 30 * time.Second,
 		TLS: &etcd.TLS{CAFile: files.CA, CertFile: files.Cert, KeyFile: files.Key}})
 	if err != nil {

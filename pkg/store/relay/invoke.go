@@ -36,6 +36,10 @@ import (
 // (the runtime killed the plugin), so that a plugin that is gone commits
 // nothing it had not committed yet, as when it ran the call itself.
 
+// dialTimeout bounds the connection to the agent: a local socket answers
+// in microseconds or not at all.
+const dialTimeout = time.Second
+
 // Invocation is one plugin call as the plugin received it.
 type Invocation struct {
 	// Command is CNI_COMMAND: ADD, DEL, CHECK, GC or STATUS.

@@ -54,64 +54,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
-	"strings"
 
 	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
 // DefaultSocket is where the agent serves its store and where clients look
-// for it.
-const DefaultSocket = "/run/ringipam/store.sock"
+// for it: storeconfig.DefaultAgentSocket.
+const DefaultSocket = storeconfig.DefaultAgentSocket
 
 // Identity names the cluster a client means, or a server serves.
-type Identity struct {
-	Prefix    string   `json:"prefix"`
-	Endpoints []string `json:"endpoints"`
-}
-
-// Matches reports whether a client's identity names the cluster the server
-// identity s serves: the same prefix, and one endpoint in common (compared
-// without scheme and trailing slash).
-func (s Identity) Matches(c Identity) bool {
-	if s.Prefix != c.Prefix {
-		return false
-	}
-	for _, a := range s.Endpoints {
-		for _, b := range c.Endpoints {
-			if normEndpoint(a) == normEndpoint(b) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-// Key is s in one canonical string: the prefix, then the endpoints compared
-// as Matches compares them (without scheme and trailing slash), sorted, each
-// after a NUL. Identities naming the same endpoints in any order, spelled
-// with or without scheme, have the same Key.
-func (s Identity) Key() string {
-	eps := make([]string, len(s.Endpoints))
-	for i, e := range s.Endpoints {
-		eps[i] = normEndpoint(e)
-	}
-	slices.Sort(eps)
-	var b strings.Builder
-	b.WriteString(s.Prefix)
-	for _, e := range eps {
-		b.WriteByte(0)
-		b.WriteString(e)
-	}
-	return b.String()
-}
-
-func normEndpoint(e string) string {
-	if _, rest, ok := strings.Cut(e, "://"); ok {
-		e = rest
-	}
-	return strings.TrimRight(e, "/")
-}
+type Identity = storeconfig.Identity
 
 // request is one call on the wire.
 type request struct {
