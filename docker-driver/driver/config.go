@@ -90,7 +90,8 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.StringVar(&cfg.Name, "name", cfg.Name, "plugin name: the socket is <plugin-dir>/<name>.sock, networks use --ipam-driver <name>")
 	fs.StringVar(&cfg.PluginDir, "plugin-dir", cfg.PluginDir, "directory dockerd discovers plugin sockets in")
 	fs.StringVar(&cfg.Host, "host", cfg.Host, "this host's stable name in the ring (default: the machine's hostname)")
-	cfg.Store.RegisterFlags(fs)
+	var storeFlags storeconfig.Flags
+	storeFlags.Register(fs)
 	fs.Var(&poolsFlag{pools: &cfg.DefaultPools}, "default-pool", "default pool for networks without --subnet, as base=CIDR,size=BITS; repeatable")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "serve Prometheus metrics on this address, e.g. 127.0.0.1:9646 (default: off)")
 	fs.Var(storeconfig.DurationValue(&cfg.Timeout), "timeout", "deadline of one IPAM request")
@@ -118,6 +119,12 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	}
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("%w: unexpected arguments %q", ErrConfig, fs.Args())
+	}
+	if err := storeFlags.Apply(&cfg.Store); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	for _, d := range storeFlags.Deprecated() {
+		fmt.Fprintf(usage, "%s: warning: %s\n", fs.Name(), d)
 	}
 	if err := cfg.complete(); err != nil {
 		return Config{}, err

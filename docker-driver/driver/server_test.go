@@ -138,6 +138,10 @@ func TestLoadConfig(t *testing.T) {
 		"defaultPools":[{"base":"198.18.0.0/20","size":26}],"metricsAddr":"127.0.0.1:0"}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	pwFile := filepath.Join(t.TempDir(), "pw")
+	if err := os.WriteFile(pwFile, []byte("pw\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	env := func(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
 	for _, tc := range []struct {
 		name string
@@ -166,6 +170,25 @@ func TestLoadConfig(t *testing.T) {
 		{name: "tls flags", args: []string{"--host", "h", "--store", "etcd", "--etcd-endpoints", "https://127.0.0.1:2379", "--etcd-cacert", "/ca.pem", "--etcd-cert", "/c.pem", "--etcd-key", "/k.pem"}, want: func(c *Config) {
 			c.Store = storeconfig.Config{Type: "etcd", Endpoints: []string{"https://127.0.0.1:2379"}, TLS: &storeconfig.TLS{CA: "/ca.pem", Cert: "/c.pem", Key: "/k.pem"}}
 		}},
+		{name: "the shared store flags", args: []string{"--host", "h", "--store", "etcd", "--etcd-endpoints", "https://127.0.0.1:2379,https://127.0.0.2:2379",
+			"--etcd-prefix", "/p/", "--etcd-ca", "/ca.pem", "--etcd-username", "u", "--etcd-password-file", pwFile,
+			"--etcd-dial-timeout", "2s", "--etcd-request-timeout", "3s", "--agent-socket", "/run/a.sock"}, want: func(c *Config) {
+			c.Store = storeconfig.Config{Type: "etcd", Endpoints: []string{"https://127.0.0.1:2379", "https://127.0.0.2:2379"}, Prefix: "/p/",
+				TLS: &storeconfig.TLS{CA: "/ca.pem"}, Username: "u", Password: "pw", DialTimeout: storeconfig.Duration(2 * time.Second),
+				RequestTimeout: storeconfig.Duration(3 * time.Second), AgentSocket: "/run/a.sock"}
+		}},
+		{name: "store flags from the environment, flags over them", args: []string{"--host", "h", "--etcd-prefix", "/flag/"},
+			env: map[string]string{"RINGIPAM_DOCKER_STORE": "etcd", "RINGIPAM_DOCKER_ETCD_ENDPOINTS": "127.0.0.1:2379", "RINGIPAM_DOCKER_ETCD_PREFIX": "/env/"},
+			want: func(c *Config) {
+				c.Store = storeconfig.Config{Type: "etcd", Endpoints: []string{"127.0.0.1:2379"}, Prefix: "/flag/"}
+			}},
+		{name: "--store local over an etcd file starts afresh", args: []string{"--config", file, "--store", "local", "--store-path", "/s.db"}, want: func(c *Config) {
+			c.Name, c.Host, c.MetricsAddr = "fromfile", "h-file", "127.0.0.1:0"
+			c.Store = storeconfig.Config{Type: "local", Path: "/s.db"}
+			c.DefaultPools = []DefaultPool{{Base: netip.MustParsePrefix("198.18.0.0/20"), Size: 26}}
+		}},
+		{name: "agent socket off", args: []string{"--host", "h", "--store", "etcd", "--etcd-endpoints", "127.0.0.1:2379", "--agent-socket", "off"}, bad: true},
+		{name: "missing password file", args: []string{"--host", "h", "--store", "etcd", "--etcd-endpoints", "127.0.0.1:2379", "--etcd-username", "u", "--etcd-password-file", "/nonexistent/pw"}, bad: true},
 		{name: "cert without key", args: []string{"--host", "h", "--store", "etcd", "--etcd-endpoints", "127.0.0.1:2379", "--etcd-cert", "/c.pem"}, bad: true},
 		{name: "bad pool", args: []string{"--host", "h", "--default-pool", "base=198.18.0.0/24,size=16"}, bad: true},
 		{name: "bad env", args: []string{"--host", "h"}, env: map[string]string{"RINGIPAM_DOCKER_TIMEOUT": "soon"}, bad: true},
@@ -189,6 +212,25 @@ func TestLoadConfig(t *testing.T) {
 				t.Fatalf("config (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// Today's flag names stay accepted, with a warning naming the new one.
+func TestLoadConfigDeprecatedStoreFlags(t *testing.T) {
+	var warn strings.Builder
+	got, err := LoadConfig([]string{"--host", "h", "--store", "etcd", "--etcd-endpoints", "https://127.0.0.1:2379",
+		"--store-prefix", "/old/", "--etcd-cacert", "/ca.pem", "--store-socket", "/run/old.sock"}, func(string) string { return "" }, &warn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := storeconfig.Config{Type: "etcd", Endpoints: []string{"https://127.0.0.1:2379"}, Prefix: "/old/", TLS: &storeconfig.TLS{CA: "/ca.pem"}, AgentSocket: "/run/old.sock"}
+	if diff := cmp.Diff(want, got.Store); diff != "" {
+		t.Errorf("store (-want +got):\n%s", diff)
+	}
+	for _, w := range []string{"--store-prefix is deprecated: use --etcd-prefix", "--etcd-cacert is deprecated: use --etcd-ca", "--store-socket is deprecated: use --agent-socket"} {
+		if !strings.Contains(warn.String(), w) {
+			t.Errorf("warnings %q lack %q", warn.String(), w)
+		}
 	}
 }
 

@@ -131,7 +131,8 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.String("config", path, "JSON configuration file (see conf/ringipamd.json)")
 	fs.StringVar(&cfg.Host, "host", cfg.Host, "this host's name in the ring, as its plugins use it (default: the machine's hostname)")
 	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "this host's address on the cluster network, where other hosts forward its ingress ports")
-	cfg.Store.RegisterFlags(fs)
+	var storeFlags storeconfig.Flags
+	storeFlags.Register(fs)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, `serve /metrics and the status page here ("off": nothing)`)
 	fs.Var(storeconfig.DurationValue(&cfg.LeaseTTL), "lease-ttl", "etcd: TTL of the liveness lease (the host is down this long after the agent dies)")
 	fs.Var(storeconfig.DurationValue(&cfg.Heartbeat), "heartbeat", "how often the host record's last-seen time is written")
@@ -164,6 +165,12 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	}
 	if fs.NArg() > 0 {
 		return Config{}, fmt.Errorf("%w: unexpected arguments %q", ErrConfig, fs.Args())
+	}
+	if err := storeFlags.Apply(&cfg.Store); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	for _, d := range storeFlags.Deprecated() {
+		fmt.Fprintf(usage, "%s: warning: %s\n", fs.Name(), d)
 	}
 	return cfg, cfg.complete()
 }

@@ -74,15 +74,8 @@ type globals struct {
 func (g *globals) register(fs *flag.FlagSet, withHost bool) {
 	s := &g.store
 	fs.StringVar(&s.Config, "config", s.Config, "store (and network) from `FILE`: CNI conflist or config, driver config, store object")
-	fs.StringVar(&s.Store, "store", s.Store, "store `type`: local or etcd")
 	fs.StringVar(&s.DataDir, "data-dir", s.DataDir, "local store: `DIR` holding store.db (default /var/lib/ringipam)")
-	fs.StringVar(&s.StorePath, "store-path", s.StorePath, "local store: the store `FILE`")
-	fs.StringVar(&s.Endpoints, "etcd-endpoints", s.Endpoints, "etcd client `URLs`, comma-separated")
-	fs.StringVar(&s.Prefix, "etcd-prefix", s.Prefix, "etcd key `prefix` (default /ringipam/)")
-	fs.StringVar(&s.CA, "etcd-ca", s.CA, "etcd: CA bundle `FILE`")
-	fs.StringVar(&s.Cert, "etcd-cert", s.Cert, "etcd: client certificate `FILE`")
-	fs.StringVar(&s.Key, "etcd-key", s.Key, "etcd: client key `FILE`")
-	fs.StringVar(&s.Username, "etcd-username", s.Username, "etcd user (password from RINGIPAM_ETCD_PASSWORD)")
+	s.Store.Register(fs)
 	if withHost {
 		fs.StringVar(&s.Host, "host", s.Host, "this host's `NAME` in the store (default: the config's, else the hostname)")
 	}
@@ -249,7 +242,13 @@ func parseInterleaved(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // execute resolves the settings, opens the store and runs the command.
 func (g *globals) execute(fn run, pos []string, env Env) (any, func(io.Writer), int, error) {
-	f := g.store.withEnv(env.Getenv)
+	f, err := g.store.withEnv(env.Getenv)
+	if err != nil {
+		return nil, nil, 0, err
+	}
+	for _, d := range f.Store.Deprecated() {
+		fmt.Fprintf(env.Stderr, "ringctl: warning: %s\n", d)
+	}
 	var file []byte
 	if f.Config != "" {
 		b, err := env.ReadFile(f.Config)

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"strings"
 
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
@@ -14,47 +13,36 @@ import (
 // StoreFlags are the store and host settings given on the command line or
 // in the environment (RINGIPAM_*). Empty fields are not set.
 type StoreFlags struct {
-	Config    string // --config: a CNI conflist, a network config, the driver's config or a store object
-	Store     string // --store: local or etcd
-	DataDir   string // --data-dir: the local store is <dir>/store.db
-	StorePath string // --store-path: the local store file
-	Endpoints string // --etcd-endpoints: comma-separated
-	Prefix    string // --etcd-prefix
-	CA        string // --etcd-ca
-	Cert      string // --etcd-cert
-	Key       string // --etcd-key
-	Username  string // --etcd-username
-	Password  string // RINGIPAM_ETCD_PASSWORD only (never a flag: it would show in ps)
-	Host      string // --host
+	Config  string // --config: a CNI conflist, a network config, the driver's config or a store object
+	DataDir string // --data-dir: the local store is <dir>/store.db
+	Host    string // --host
+	// Password is RINGIPAM_ETCD_PASSWORD only (never a flag: it would show
+	// in ps); --etcd-password-file reads it from a file.
+	Password string
+	// Store are the store flags every ringipam command shares
+	// (storeconfig.Flags), each also read from RINGIPAM_<NAME>:
+	// --etcd-endpoints from RINGIPAM_ETCD_ENDPOINTS, ...
+	Store storeconfig.Flags
 }
 
-// EnvNames maps each StoreFlags field to its environment variable.
-var EnvNames = []struct {
-	Name  string
-	Field func(*StoreFlags) *string
-}{
-	{"RINGIPAM_CONFIG", func(f *StoreFlags) *string { return &f.Config }},
-	{"RINGIPAM_STORE", func(f *StoreFlags) *string { return &f.Store }},
-	{"RINGIPAM_DATA_DIR", func(f *StoreFlags) *string { return &f.DataDir }},
-	{"RINGIPAM_STORE_PATH", func(f *StoreFlags) *string { return &f.StorePath }},
-	{"RINGIPAM_ETCD_ENDPOINTS", func(f *StoreFlags) *string { return &f.Endpoints }},
-	{"RINGIPAM_ETCD_PREFIX", func(f *StoreFlags) *string { return &f.Prefix }},
-	{"RINGIPAM_ETCD_CA", func(f *StoreFlags) *string { return &f.CA }},
-	{"RINGIPAM_ETCD_CERT", func(f *StoreFlags) *string { return &f.Cert }},
-	{"RINGIPAM_ETCD_KEY", func(f *StoreFlags) *string { return &f.Key }},
-	{"RINGIPAM_ETCD_USERNAME", func(f *StoreFlags) *string { return &f.Username }},
-	{"RINGIPAM_ETCD_PASSWORD", func(f *StoreFlags) *string { return &f.Password }},
-	{"RINGIPAM_HOST", func(f *StoreFlags) *string { return &f.Host }},
-}
+// EnvPrefix starts the environment variable of every flag:
+// --etcd-endpoints is RINGIPAM_ETCD_ENDPOINTS.
+const EnvPrefix = "RINGIPAM_"
 
-// withEnv returns f with every empty field taken from env.
-func (f StoreFlags) withEnv(env func(string) string) StoreFlags {
-	for _, e := range EnvNames {
-		if p := e.Field(&f); *p == "" {
-			*p = env(e.Name)
+// withEnv returns f with every flag not given taken from env.
+func (f *StoreFlags) withEnv(env func(string) string) (*StoreFlags, error) {
+	for _, e := range []struct {
+		name string
+		p    *string
+	}{{"CONFIG", &f.Config}, {"DATA_DIR", &f.DataDir}, {"HOST", &f.Host}, {"ETCD_PASSWORD", &f.Password}} {
+		if *e.p == "" {
+			*e.p = env(EnvPrefix + e.name)
 		}
 	}
-	return f
+	if err := f.Store.FromEnv(EnvPrefix, env); err != nil {
+		return nil, usagef("%v", err)
+	}
+	return f, nil
 }
 
 // Settings are the resolved store, host and (when the config file was a
@@ -81,10 +69,11 @@ func usagef(format string, a ...any) error {
 
 // Resolve turns flags (already merged with the environment) and the config
 // file's bytes (nil when none) into Settings. Precedence: flags and
-// environment, then the file, then the defaults of pkg/storeconfig. A
-// --store that differs from the file's type starts from an empty store
-// object of that type.
-func Resolve(f StoreFlags, file []byte) (Settings, error) {
+// environment, then the file, then the defaults of pkg/storeconfig; the
+// store flags are laid over the file's store by storeconfig.Flags.Apply
+// (a --store that differs from the file's type starts from an empty store
+// object of that type).
+func Resolve(f *StoreFlags, file []byte) (Settings, error) {
 	var s Settings
 	if file != nil {
 		var err error
@@ -93,56 +82,13 @@ func Resolve(f StoreFlags, file []byte) (Settings, error) {
 		}
 	}
 	c := s.Store
-	switch f.Store {
-	case "":
-		if c.Type == "" && (f.Endpoints != "") {
-			c = storeconfig.Config{Type: storeconfig.TypeEtcd}
-		}
-	case storeconfig.TypeLocal, storeconfig.TypeEtcd:
-		if c.Type != f.Store && !(c.Type == "" && f.Store == storeconfig.TypeLocal) {
-			c = storeconfig.Config{}
-		}
-		c.Type = f.Store
-	default:
-		return Settings{}, usagef("--store %q: want local or etcd", f.Store)
+	if err := f.Store.Apply(&c); err != nil {
+		return Settings{}, fmt.Errorf("%w: %w", errUsage, err)
 	}
-	if f.DataDir != "" {
+	if f.DataDir != "" && !f.Store.Given("store-path") {
 		c.Path = filepath.Join(f.DataDir, "store.db")
 	}
-	if f.StorePath != "" {
-		c.Path = f.StorePath
-	}
-	if f.Endpoints != "" {
-		c.Endpoints = nil
-		for _, e := range strings.Split(f.Endpoints, ",") {
-			if e = strings.TrimSpace(e); e != "" {
-				c.Endpoints = append(c.Endpoints, e)
-			}
-		}
-	}
-	if f.Prefix != "" {
-		c.Prefix = f.Prefix
-	}
-	if f.CA != "" || f.Cert != "" || f.Key != "" {
-		if c.TLS == nil {
-			c.TLS = &storeconfig.TLS{}
-		}
-		t := *c.TLS
-		if f.CA != "" {
-			t.CA = f.CA
-		}
-		if f.Cert != "" {
-			t.Cert = f.Cert
-		}
-		if f.Key != "" {
-			t.Key = f.Key
-		}
-		c.TLS = &t
-	}
-	if f.Username != "" {
-		c.Username = f.Username
-	}
-	if f.Password != "" {
+	if f.Password != "" && !f.Store.Given("etcd-password-file") {
 		c.Password = f.Password
 	}
 	if err := c.Validate(); err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/netip"
 	"os"
@@ -495,30 +496,44 @@ func TestResolve(t *testing.T) {
 	conflist := []byte(`{"cniVersion":"1.1.0","name":"n1","plugins":[{"type":"bridge","ipam":{"type":"ipam-ring","host":"h1",
 		"store":{"type":"etcd","endpoints":["http://127.0.0.1:2379"],"prefix":"/p/"},"ranges":[[{"subnet":"198.18.0.0/24"}]]}}]}`)
 	driver := []byte(`{"name":"ringipam","host":"node-a","store":{"type":"local","path":"/var/lib/x/store.db"}}`)
+	// flags parses args as ringctl's store flags.
+	flags := func(args ...string) *StoreFlags {
+		var f StoreFlags
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.StringVar(&f.DataDir, "data-dir", "", "")
+		fs.StringVar(&f.Host, "host", "", "")
+		f.Store.Register(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return &f
+	}
 	for _, c := range []struct {
 		name string
-		f    StoreFlags
+		args []string
 		file []byte
 		want storeconfig.Config
 		host string
 		err  bool
 	}{
 		{name: "defaults", want: storeconfig.Config{}},
-		{name: "data dir", f: StoreFlags{DataDir: "/d"}, want: storeconfig.Config{Path: "/d/store.db"}},
-		{name: "etcd by endpoints", f: StoreFlags{Endpoints: "http://a:1, http://b:2"}, want: storeconfig.Config{Type: "etcd", Endpoints: []string{"http://a:1", "http://b:2"}}},
+		{name: "data dir", args: []string{"--data-dir", "/d"}, want: storeconfig.Config{Path: "/d/store.db"}},
+		{name: "etcd by endpoints", args: []string{"--etcd-endpoints", "http://a:1, http://b:2"}, want: storeconfig.Config{Type: "etcd", Endpoints: []string{"http://a:1", "http://b:2"}}},
 		{name: "conflist", file: conflist, want: storeconfig.Config{Type: "etcd", Endpoints: []string{"http://127.0.0.1:2379"}, Prefix: "/p/"}, host: "h1"},
-		{name: "conflist, flags win", file: conflist, f: StoreFlags{Prefix: "/q/", Host: "h2", CA: "/ca.pem", Endpoints: "https://c:3"},
+		{name: "conflist, flags win", file: conflist, args: []string{"--etcd-prefix", "/q/", "--host", "h2", "--etcd-ca", "/ca.pem", "--etcd-endpoints", "https://c:3"},
 			want: storeconfig.Config{Type: "etcd", Endpoints: []string{"https://c:3"}, Prefix: "/q/", TLS: &storeconfig.TLS{CA: "/ca.pem"}}, host: "h2"},
-		{name: "conflist, --store local starts afresh", file: conflist, f: StoreFlags{Store: "local", StorePath: "/s.db"}, want: storeconfig.Config{Type: "local", Path: "/s.db"}, host: "h1"},
+		{name: "conflist, deprecated names", file: conflist, args: []string{"--store-prefix", "/q/", "--etcd-cacert", "/ca.pem", "--etcd-endpoints", "https://c:3", "--store-socket", "/run/s.sock"},
+			want: storeconfig.Config{Type: "etcd", Endpoints: []string{"https://c:3"}, Prefix: "/q/", TLS: &storeconfig.TLS{CA: "/ca.pem"}, AgentSocket: "/run/s.sock"}, host: "h1"},
+		{name: "conflist, --store local starts afresh", file: conflist, args: []string{"--store", "local", "--store-path", "/s.db"}, want: storeconfig.Config{Type: "local", Path: "/s.db"}, host: "h1"},
 		{name: "driver config", file: driver, want: storeconfig.Config{Type: "local", Path: "/var/lib/x/store.db"}, host: "node-a"},
 		{name: "bare store object", file: []byte(`{"type":"etcd","endpoints":["127.0.0.1:2379"]}`), want: storeconfig.Config{Type: "etcd", Endpoints: []string{"127.0.0.1:2379"}}},
-		{name: "bad store type", f: StoreFlags{Store: "zk"}, err: true},
-		{name: "relative path", f: StoreFlags{StorePath: "x.db"}, err: true},
+		{name: "relative path", args: []string{"--store-path", "x.db"}, err: true},
+		{name: "agent socket off", args: []string{"--etcd-endpoints", "h:1", "--agent-socket", "off"}, err: true},
 		{name: "not JSON", file: []byte("{"), err: true},
 		{name: "conflist without our ipam", file: []byte(`{"name":"n","plugins":[{"type":"bridge","ipam":{"type":"dhcp"}}]}`), err: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s, err := Resolve(c.f, c.file)
+			s, err := Resolve(flags(c.args...), c.file)
 			if c.err {
 				if ExitCode(err) != ExitUsage {
 					t.Fatalf("want a usage error, got %v", err)
@@ -533,10 +548,24 @@ func TestResolve(t *testing.T) {
 			}
 		})
 	}
-	env := map[string]string{"RINGIPAM_ETCD_ENDPOINTS": "http://e:1", "RINGIPAM_HOST": "envhost"}
-	f := StoreFlags{Host: "flaghost"}.withEnv(func(k string) string { return env[k] })
-	if f.Endpoints != "http://e:1" || f.Host != "flaghost" {
-		t.Fatalf("env merge: %+v", f)
+	// The environment fills what the flags did not give; the password
+	// comes from RINGIPAM_ETCD_PASSWORD.
+	env := map[string]string{"RINGIPAM_ETCD_ENDPOINTS": "http://e:1", "RINGIPAM_ETCD_PREFIX": "/env/", "RINGIPAM_HOST": "envhost",
+		"RINGIPAM_ETCD_USERNAME": "u", "RINGIPAM_ETCD_PASSWORD": "pw"}
+	f, err := flags("--host", "flaghost", "--etcd-prefix", "/flag/").withEnv(func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Resolve(f, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := storeconfig.Config{Type: "etcd", Endpoints: []string{"http://e:1"}, Prefix: "/flag/", Username: "u", Password: "pw"}
+	if diff := cmp.Diff(want, s.Store); diff != "" || s.Host != "flaghost" {
+		t.Fatalf("env merge (-want +got):\n%s host %q", diff, s.Host)
+	}
+	if _, err := flags().withEnv(func(k string) string { return map[string]string{"RINGIPAM_ETCD_DIAL_TIMEOUT": "soon"}[k] }); ExitCode(err) != ExitUsage {
+		t.Fatalf("bad duration in the environment: %v", err)
 	}
 }
 
