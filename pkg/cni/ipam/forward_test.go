@@ -142,8 +142,9 @@ func TestForwardedVerbsMatchDirect(t *testing.T) {
 }
 
 // The plugin runs the call itself when the agent serves another cluster,
-// when the store is local (never asking the agent), when the socket is
-// "off", and when the configuration cannot be read (which it reports).
+// when the store is local (never asking the agent), when no agent answers
+// on the socket, and when the configuration cannot be read (which it
+// reports).
 func TestForwardFallsBack(t *testing.T) {
 	sock, inv := startAgentSocket(t, memory.New())
 	locks := hostlock.Dir(t.TempDir())
@@ -153,7 +154,7 @@ func TestForwardFallsBack(t *testing.T) {
 		code uint
 	}{
 		{"another cluster", etcdConf(sock, "/other/"), 0},
-		{"socket off", etcdConf("off", ""), 0},
+		{"no agent at the socket", etcdConf(filepath.Join(t.TempDir(), "none.sock"), ""), 0},
 		{"local store", conf(`{"host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}]],"store":{"type":"local","path":"/nonexistent/s.db"}}`), 0},
 		{"unreadable", conf(`{"host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}]],"store":{"type":"etcd","endpoints":["` + agentEndpoint + `"],"agentSocket":"` + sock + `"},"bogus":1}`), types.ErrInvalidNetworkConfig},
 	}
@@ -232,13 +233,14 @@ func TestForwardLostAgent(t *testing.T) {
 // tagged with the cluster, and its next ADD commits in one round trip on
 // it; on the local store it keeps none.
 func TestEtcdADDsKeepNotes(t *testing.T) {
+	noAgent := filepath.Join(t.TempDir(), "none.sock")
 	for _, tc := range []struct {
 		name  string
 		conf  []byte
 		notes int
 	}{
-		{"etcd", etcdConf("off", ""), 1},
-		{"another etcd prefix", etcdConf("off", "/other/"), 1},
+		{"etcd", etcdConf(noAgent, ""), 1},
+		{"another etcd prefix", etcdConf(noAgent, "/other/"), 1},
 		{"local", conf(`{"host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}]],"store":{"type":"local","path":"/nonexistent/s.db"}}`), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
