@@ -202,8 +202,9 @@ func TestBadNamesRefusedByTheAgent(t *testing.T) {
 			}
 		})
 	}
-	// Read through the agent (this process carries no TLS).
-	obj := map[string]any{"type": "etcd", "endpoints": a.etcd.Endpoints(), "prefix": a.prefix, "agentSocket": a.socket}
+	// Read with etcd's own client, over TLS.
+	obj := map[string]any{"type": "etcd", "endpoints": a.etcd.Endpoints(), "prefix": a.prefix, "agentSocket": a.socket,
+		"tls": map[string]string{"ca": a.files.CA, "cert": a.files.Cert, "key": a.files.Key}}
 	// The agent keeps records of its own (liveness, host, layout); none of
 	// them names a CNI owner or the network's pool.
 	for _, k := range storeKeys(t, obj) {
