@@ -103,11 +103,9 @@ func TestLocalStoreFileIsRootOnly(t *testing.T) {
 	if r := plugin(t, "ADD", "c2", localConf(t, path)); r.err != nil {
 		t.Fatalf("second ADD: %v %s %s", r.err, r.stdout, r.stderr)
 	}
-	// The store file, and its write-ahead log beside it.
-	for _, p := range []string{path, path + "-wal"} {
-		if m := mode(t, p); m != 0o600 {
-			t.Fatalf("%s mode %v, want 0600", p, m)
-		}
+	// The store file (a bbolt file alone: no log beside it).
+	if m := mode(t, path); m != 0o600 {
+		t.Fatalf("%s mode %v, want 0600", path, m)
 	}
 	if m := mode(t, dir); m&0o077 != 0 {
 		t.Fatalf("store directory mode %v: readable by others", m)

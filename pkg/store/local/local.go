@@ -1,53 +1,47 @@
 // Package local is the embedded, single-host store.Store: one bbolt file on
-// the host's disk and its write-ahead log beside it ("<file>-wal"), no
-// server.
+// the host's disk, no server.
 //
 // Contract:
 //
 //   - Crash safety: a Commit is durable when it returns, and a crash leaves
 //     the store as it was after some commit, never in between. A commit is
-//     one checksummed record appended to the log and flushed (one
-//     fdatasync), or, when the log is full or the commit too large for it, a
-//     checkpoint: one bbolt read-write transaction (which bbolt flushes)
-//     holding the log's records and the commit, after which the log starts
-//     again. The record format and why a torn or stale record can never be
-//     read are in wal.go.
-//   - Many processes: the files are NOT held open between calls. Each Get,
-//     Scan and Commit opens them, takes the bbolt file's flock (shared for
-//     reads, exclusive for writes), does its work and closes them again, so
+//     one bbolt read-write transaction, flushed by bbolt before it returns
+//     and before the file's lock is let go.
+//   - Many processes: the file is NOT held open between calls. Each Get,
+//     Scan and Commit opens it, takes its flock (shared for reads,
+//     exclusive for writes), does its work and closes it again, so
 //     short-lived CNI plugin processes and a long-running driver can share
-//     one store. A commit that wrote a record lets the lock go before it
-//     waits for the record's flush, so that the flushes of several
-//     processes overlap (a process that reads meanwhile sees the record:
-//     should the machine fail before the flush, the record and every commit
-//     made after it are lost together, and none of them had returned). The
-//     one exception is Hold, which keeps the file open and exclusively
-//     locked for the calls of one operation until its release or its
-//     commit. The lock is waited for until Config.OpenTimeout (or the
-//     context's deadline, if earlier); when it cannot be obtained the call
-//     fails with an error wrapping store.ErrUnavailable that names the file
-//     and says another process holds it. No call can wait forever.
+//     one store. The one exception is Hold, which keeps the file open and
+//     exclusively locked for the calls of one operation until its release
+//     or its commit. The lock is waited for until Config.OpenTimeout (or
+//     the context's deadline, if earlier); when it cannot be obtained the
+//     call fails with an error wrapping store.ErrUnavailable that names the
+//     file and says another process holds it. No call can wait forever.
 //   - Goroutines: a Store is safe for concurrent use. Calls inside one process
 //     are serialised by an in-process lock (with the same deadline), so
 //     goroutines do not fight over the flock.
-//   - Revisions: a counter incremented once per successful Commit (the
-//     record's sequence number, or the checkpoint's, kept in a meta bucket
-//     of the bbolt file); each value is stored together with the revision
-//     that wrote it.
+//   - Revisions: a counter incremented once per successful Commit, kept in a
+//     meta bucket of the file; each value is stored together with the
+//     revision that wrote it.
 //   - Range conditions (no key in [Key, End)) are checked with a bbolt
-//     cursor from the range's start, skipping the keys the log deletes,
-//     and against the log's own keys, in the commit's locked session.
+//     cursor from the range's start, in the commit's transaction.
 //   - Errors: conflicts wrap store.ErrConflict and write nothing; lock
 //     timeouts wrap store.ErrUnavailable; other I/O errors (permissions, a
 //     corrupt file, a full disk) are returned wrapped with the file's path.
-//   - Upgrades: a file written before the log is read as it is, and its
-//     first commit is a checkpoint that starts the log. From then on the
-//     revision counter also holds the log's anchor (16 bytes instead of 8),
-//     so a ringipam from before the log refuses to commit to the file (it
-//     reports a corrupt revision counter) instead of writing past records
-//     it cannot read. Stop every ringipam process of the host (agent,
-//     Docker driver) before replacing the binaries, and back up the two
-//     files together.
+//   - Upgrades: ringipam from commit 9ee916f (2026-11-25) to issue 34 kept
+//     a write-ahead log beside the file ("<file>-wal"), whose latest
+//     commits were not in the bbolt file yet; such a file has a 16-byte
+//     revision counter (the revision and the log's anchor). The
+//     first session that finds one, under the file's exclusive lock, reads
+//     the log's chain once (oldlog.go), writes it into the file in one
+//     transaction with the counter in its 8-byte form (bbolt flushes it),
+//     then removes the log and flushes the directory. Applying the chain is
+//     idempotent (puts and deletes of the latest values), and a crash
+//     before the log's removal leaves a log that no anchor points to, never
+//     read again, removed by the next process. Every value keeps the
+//     revision its commit gave it. Nothing is needed of the operator; a
+//     read-only caller that finds an old log opens the file for writing
+//     once to do this.
 //
 // The zero value is not usable: call New.
 package local
@@ -58,7 +52,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"time"
@@ -108,6 +101,9 @@ type Store struct {
 	// yet released; both guarded by sem.
 	held  *session
 	holds int
+	// oldLog: a write-ahead log of the format before (oldlog.go) was
+	// beside the file when New looked; guarded by sem.
+	oldLog bool
 }
 
 var _ store.Store = (*Store)(nil)
@@ -131,11 +127,13 @@ func New(cfg Config) (*Store, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("local store %s: create directory: %w", path, err)
 	}
+	_, err = os.Lstat(path + oldLogSuffix)
 	return &Store{
 		path:    path,
 		timeout: cfg.OpenTimeout,
 		prefix:  cfg.Prefix,
 		sem:     make(chan struct{}, 1),
+		oldLog:  err == nil,
 	}, nil
 }
 
@@ -151,7 +149,7 @@ func (s *Store) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
 	err = s.with(ctx, true, func(sess *session) error {
 		return sess.db.View(func(tx *bolt.Tx) error {
 			for i, k := range keys {
-				rev, val, err := sess.lookup(tx, s.prefix+k)
+				rev, val, err := lookup(tx, s.prefix+k)
 				if err != nil {
 					return fmt.Errorf("key %q: %w", k, err)
 				}
@@ -174,43 +172,21 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 	var out []store.KV
 	err := s.with(ctx, true, func(sess *session) error {
 		return sess.db.View(func(tx *bolt.Tx) error {
-			lo, hi := s.prefix+from, s.prefix+to
-			// The checkpoint's keys and the log's, merged in key order;
-			// the log's entry of a key is the later one.
-			logged := sess.chain.keysBetween(lo, hi)
-			var k, v []byte
-			var c *bolt.Cursor
-			if b := tx.Bucket(bucketKV); b != nil {
-				c = b.Cursor()
-				k, v = c.Seek([]byte(lo))
+			b := tx.Bucket(bucketKV)
+			if b == nil {
+				return nil
 			}
-			for limit <= 0 || len(out) < limit {
-				inFile := k != nil && bytes.Compare(k, []byte(hi)) < 0
-				var key string
-				var rev int64
-				var val []byte
-				switch {
-				case len(logged) > 0 && (!inFile || logged[0] <= string(k)):
-					key, logged = logged[0], logged[1:]
-					if inFile && key == string(k) {
-						k, v = c.Next()
-					}
-					e := sess.chain.entries[key]
-					if e.del {
-						continue
-					}
-					rev, val = e.rev, bytes.Clone(e.value)
-				case inFile:
-					var err error
-					if rev, val, err = decode(v); err != nil {
-						return fmt.Errorf("key %q: %w", k, err)
-					}
-					key = string(k)
-					k, v = c.Next()
-				default:
+			hi := []byte(s.prefix + to)
+			c := b.Cursor()
+			for k, v := c.Seek([]byte(s.prefix + from)); k != nil && bytes.Compare(k, hi) < 0; k, v = c.Next() {
+				if limit > 0 && len(out) >= limit {
 					return nil
 				}
-				out = append(out, store.KV{Key: key[len(s.prefix):], Value: val, Revision: rev})
+				rev, val, err := decode(v)
+				if err != nil {
+					return fmt.Errorf("key %q: %w", k, err)
+				}
+				out = append(out, store.KV{Key: string(k[len(s.prefix):]), Value: val, Revision: rev})
 			}
 			return nil
 		})
@@ -221,121 +197,73 @@ func (s *Store) Scan(ctx context.Context, from, to string, limit int) ([]store.K
 	return out, nil
 }
 
-// Commit implements store.Store. A commit that fits in the log is one
-// record written there; the others (the first commit of a file, one too
-// large for what is left of the log) are a checkpoint: one bbolt
-// transaction holding the log's chain and the commit, after which the log
-// starts again.
+// Commit implements store.Store: one bbolt read-write transaction, which
+// bbolt flushes before it returns. When the commit creates the file, the
+// directory is flushed too, so that the new name survives a crash as the
+// contents do.
 func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
 	if err := store.CheckCommit(conds, ops); err != nil {
 		return fmt.Errorf("local store %s: %w", s.path, err)
 	}
 	return s.with(ctx, false, func(sess *session) error {
-		rev := sess.chain.seq + 1
-		if sess.anchored && sess.log != nil {
-			rec := encodeRecord(rev, sess.chain.hash, s.prefix, ops)
-			if sess.chain.next+len(rec) <= logCapacity {
-				if err := sess.db.View(func(tx *bolt.Tx) error { return sess.check(tx, s.prefix, conds) }); err != nil {
+		fresh := false
+		err := sess.db.Update(func(tx *bolt.Tx) error {
+			fresh = tx.Bucket(bucketMeta) == nil
+			kv, err := tx.CreateBucketIfNotExists(bucketKV)
+			if err != nil {
+				return err
+			}
+			meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+			if err != nil {
+				return err
+			}
+			rev, err := revision(meta)
+			if err != nil {
+				return err
+			}
+			rev++
+			if err := check(tx, s.prefix, conds); err != nil {
+				return err
+			}
+			for _, o := range ops {
+				k := []byte(s.prefix + o.Key)
+				if o.Delete {
+					err = kv.Delete(k)
+				} else {
+					err = kv.Put(k, encode(rev, o.Value))
+				}
+				if err != nil {
 					return err
 				}
-				if _, err := sess.log.WriteAt(rec, int64(sess.chain.next)); err != nil {
-					return fmt.Errorf("write the write-ahead log: %w", err)
-				}
-				sess.committed, sess.flush = true, true
-				return nil
 			}
-		}
-		return s.checkpoint(sess, rev, conds, ops)
-	})
-}
-
-// checkpoint commits ops at revision rev in one bbolt transaction together
-// with the log's chain, and draws a new anchor, which ends the chain: the
-// next record is written at the log's start. bbolt flushes the
-// transaction before it returns. A checkpoint also creates the log when
-// there is none (the file's first commit, or the first since an upgrade);
-// then, and when the commit creates the file, it fsyncs their directory,
-// so that the new names survive a crash as the contents do.
-func (s *Store) checkpoint(sess *session, rev int64, conds []store.Cond, ops []store.Op) error {
-	fresh := false
-	err := sess.db.Update(func(tx *bolt.Tx) error {
-		fresh = tx.Bucket(bucketMeta) == nil
-		kv, err := tx.CreateBucketIfNotExists(bucketKV)
+			return meta.Put(keyRev, binary.BigEndian.AppendUint64(nil, uint64(rev)))
+		})
 		if err != nil {
 			return err
 		}
-		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-		if err != nil {
-			return err
+		sess.committed = true
+		if fresh {
+			// Best effort: the commit is durable and applied, so a
+			// failure here must not be reported as a failed commit.
+			_ = syncDir(filepath.Dir(s.path))
 		}
-		if err := sess.check(tx, s.prefix, conds); err != nil {
-			return err
-		}
-		for k, e := range sess.chain.entries {
-			if e.del {
-				err = kv.Delete([]byte(k))
-			} else {
-				err = kv.Put([]byte(k), encode(e.rev, e.value))
-			}
-			if err != nil {
-				return err
-			}
-		}
-		for _, o := range ops {
-			k := []byte(s.prefix + o.Key)
-			if o.Delete {
-				err = kv.Delete(k)
-			} else {
-				err = kv.Put(k, encode(rev, o.Value))
-			}
-			if err != nil {
-				return err
-			}
-		}
-		counter := binary.BigEndian.AppendUint64(nil, uint64(rev))
-		return meta.Put(keyRev, binary.BigEndian.AppendUint64(counter, rand.Uint64()))
+		return nil
 	})
-	if err != nil {
-		return err
-	}
-	sess.committed = true
-	// Best effort from here on: the commit itself is durable and applied,
-	// so a failure must not be reported as a failed commit. Without a log
-	// the next commit is a checkpoint again, which tries again.
-	created := false
-	if sess.log == nil {
-		created = createLog(s.path+logSuffix) == nil
-	}
-	if fresh || created {
-		_ = syncDir(filepath.Dir(s.path))
-	}
-	return nil
 }
 
-// createLog creates the write-ahead log at path: logCapacity bytes of
-// zeros (no record), flushed, written under a temporary name and renamed,
-// so that a log never has its name before it is whole. The caller syncs
-// the directory.
-func createLog(path string) error {
-	tmp := path + ".new"
-	f, err := hostlock.OpenFile(tmp, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
+// revision reads the revision counter: 8 bytes, or absent before the
+// first commit. A 16-byte counter (the revision and the anchor of an old
+// write-ahead log) is checkpointed when the session begins, so a commit
+// never finds one.
+func revision(meta *bolt.Bucket) (int64, error) {
+	switch v := meta.Get(keyRev); len(v) {
+	case 0:
+		return 0, nil
+	case 8:
+		return int64(binary.BigEndian.Uint64(v)), nil
+	default:
+		return 0, fmt.Errorf("corrupt revision counter (%d bytes)", len(v))
 	}
-	_, err = f.WriteAt(make([]byte, logCapacity), 0)
-	if err == nil {
-		err = unix.Fdatasync(int(f.Fd()))
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-	}
-	return err
 }
 
 // Ping checks that the file can be opened and locked within the timeout or,
@@ -360,10 +288,11 @@ func (s *Store) Close() error { return nil }
 // commit that depends on them) then pay for one open and one lock instead
 // of one each. Meanwhile every Get, Scan and Commit of this Store uses the
 // held file, and other processes wait for its lock within their own
-// timeouts, as they would for one commit. The commit lets the lock go
-// before it waits for its flush; calls after it, under the same hold, open
-// and lock the file again and keep it so until the next commit or the
-// release. Holds nest: the file is closed when the last one is released.
+// timeouts, as they would for one commit. A commit, once bbolt has flushed
+// it, lets the lock go (the operation's reads and commit are done); calls
+// after it, under the same hold, open and lock the file again and keep it
+// so until the next commit or the release. Holds nest: the file is closed
+// when the last one is released.
 //
 // A file that does not exist yet is not created: Hold then keeps nothing
 // until a Commit under it creates the file.
@@ -410,19 +339,17 @@ func syncDir(dir string) error {
 }
 
 // session is the store as one call (or one hold) sees it: the bbolt file,
-// opened under its flock, and the log's chain on top of it.
+// opened under its flock.
 type session struct {
-	db       *openDB
-	log      *os.File // nil while there is no log file (or it was not needed)
-	anchored bool     // the checkpoint has an anchor: the log may hold a chain
-	chain    logChain
-	// committed: a Commit succeeded, which ends the session; flush: it
-	// wrote a record, which the log's flush makes durable.
-	committed, flush bool
+	db *openDB
+	// committed: a Commit succeeded, which ends the session.
+	committed bool
 }
 
 // begin opens the file (read-only with a shared flock, or read-write with
-// an exclusive one) and reads the log's chain.
+// an exclusive one). A file that an old write-ahead log still has commits
+// for is checkpointed first (see the package doc), in a read-write session
+// that the call then uses, even a read.
 func (s *Store) begin(ctx context.Context, readOnly bool, deadline time.Time) (*session, error) {
 	db, err := s.open(ctx, readOnly, deadline)
 	if err != nil && readOnly && !errors.Is(err, store.ErrUnavailable) && ctx.Err() == nil {
@@ -434,64 +361,104 @@ func (s *Store) begin(ctx context.Context, readOnly bool, deadline time.Time) (*
 		return nil, err
 	}
 	sess := &session{db: db}
-	if err := sess.load(s.path+logSuffix, readOnly); err != nil {
+	anchored := false
+	err = db.View(func(tx *bolt.Tx) error {
+		if meta := tx.Bucket(bucketMeta); meta != nil {
+			anchored = len(meta.Get(keyRev)) == 16
+		}
+		return nil
+	})
+	if err == nil && anchored && db.IsReadOnly() {
+		sess.close()
+		return s.begin(ctx, false, deadline)
+	}
+	if err == nil && anchored {
+		err = s.checkpointOldLog(db)
+	}
+	if err == nil && s.oldLog && !anchored {
+		// A log that no anchor points to (left by a crash after its
+		// checkpoint): never read. Under the file's lock, no process of
+		// the log's time can be writing it: they wrote it only while the
+		// counter was anchored.
+		s.removeOldLog()
+	}
+	if err != nil {
 		sess.close()
 		return nil, fmt.Errorf("local store %s: %w", s.path, err)
 	}
 	return sess, nil
 }
 
-// load reads the checkpoint's revision and anchor, then the log's chain.
-func (sess *session) load(logPath string, readOnly bool) error {
-	var rev int64
-	var anchor uint64
-	err := sess.db.View(func(tx *bolt.Tx) error {
+// checkpointOldLog writes the chain of the old write-ahead log beside the
+// file (oldlog.go) into the file, in one transaction that also turns the
+// revision counter into its 8-byte form (the chain's last revision), then
+// removes the log. The caller holds the file's exclusive lock.
+func (s *Store) checkpointOldLog(db *openDB) error {
+	logPath := s.path + oldLogSuffix
+	f, err := hostlock.OpenFile(logPath, os.O_RDONLY, 0)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		f = nil // a checkpoint whose log was never created: no chain
+	case err != nil:
+		return fmt.Errorf("open the old write-ahead log: %w", err)
+	default:
+		defer f.Close()
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
 		meta := tx.Bucket(bucketMeta)
-		if meta == nil {
+		v := meta.Get(keyRev)
+		if len(v) != 16 {
 			return nil
 		}
-		switch v := meta.Get(keyRev); len(v) {
-		case 0:
-		case 8: // written before the log: no chain
-			rev = int64(binary.BigEndian.Uint64(v))
-		case 16:
-			rev, anchor = int64(binary.BigEndian.Uint64(v)), binary.BigEndian.Uint64(v[8:])
-			sess.anchored = true
-		default:
-			return fmt.Errorf("corrupt revision counter (%d bytes)", len(v))
+		chain, err := readChain(f, int64(binary.BigEndian.Uint64(v)), binary.BigEndian.Uint64(v[8:]))
+		if err != nil {
+			return fmt.Errorf("old write-ahead log %s: %w", logPath, err)
 		}
-		return nil
+		kv, err := tx.CreateBucketIfNotExists(bucketKV)
+		if err != nil {
+			return err
+		}
+		// Puts and deletes of each key's latest value: whatever of it the
+		// file holds already, the result is the chain's.
+		for k, e := range chain.entries {
+			if e.del {
+				err = kv.Delete([]byte(k))
+			} else {
+				err = kv.Put([]byte(k), encode(e.rev, e.value))
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return meta.Put(keyRev, binary.BigEndian.AppendUint64(nil, uint64(chain.seq)))
 	})
 	if err != nil {
-		return err
+		return fmt.Errorf("checkpoint the old write-ahead log: %w", err)
 	}
-	if sess.anchored {
-		flag := os.O_RDWR
-		if readOnly {
-			flag = os.O_RDONLY
-		}
-		f, err := hostlock.OpenFile(logPath, flag, 0)
-		switch {
-		case errors.Is(err, os.ErrNotExist):
-		case err != nil:
-			return fmt.Errorf("open the write-ahead log: %w", err)
-		default:
-			sess.log = f
+	s.removeOldLog()
+	return nil
+}
+
+// removeOldLog removes the old write-ahead log (and the temporary file of
+// its creation, if a crash left one) and flushes the directory. Best
+// effort: once the counter is in its 8-byte form nothing reads the log, and
+// a process that finds it again tries again.
+func (s *Store) removeOldLog() {
+	logPath := s.path + oldLogSuffix
+	gone := true
+	for _, p := range []string{logPath, logPath + ".new"} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+			gone = false
 		}
 	}
-	sess.chain, err = readChain(sess.log, rev, anchor)
-	return err
+	if syncDir(filepath.Dir(s.path)) == nil && gone {
+		s.oldLog = false
+	}
 }
 
 // lookup returns key's revision and a copy of its value (0 and nil when
-// absent): the log's entry if it has one, else the checkpoint's.
-func (sess *session) lookup(tx *bolt.Tx, key string) (int64, []byte, error) {
-	if e, ok := sess.chain.entries[key]; ok {
-		if e.del {
-			return 0, nil, nil
-		}
-		return e.rev, bytes.Clone(e.value), nil
-	}
+// absent).
+func lookup(tx *bolt.Tx, key string) (int64, []byte, error) {
 	b := tx.Bucket(bucketKV)
 	if b == nil {
 		return 0, nil, nil
@@ -504,15 +471,15 @@ func (sess *session) lookup(tx *bolt.Tx, key string) (int64, []byte, error) {
 }
 
 // check verifies conds (keys without the store's prefix).
-func (sess *session) check(tx *bolt.Tx, prefix string, conds []store.Cond) error {
+func check(tx *bolt.Tx, prefix string, conds []store.Cond) error {
 	for _, c := range conds {
 		if c.IsRange() {
-			if k, ok := sess.someKeyIn(tx, prefix+c.Key, prefix+c.End); ok {
+			if k, ok := someKeyIn(tx, prefix+c.Key, prefix+c.End); ok {
 				return fmt.Errorf("%w: key %q exists in [%q, %q)", store.ErrConflict, k[len(prefix):], c.Key, c.End)
 			}
 			continue
 		}
-		rev, _, err := sess.lookup(tx, prefix+c.Key)
+		rev, _, err := lookup(tx, prefix+c.Key)
 		if err != nil {
 			return fmt.Errorf("key %q: %w", c.Key, err)
 		}
@@ -523,75 +490,49 @@ func (sess *session) check(tx *bolt.Tx, prefix string, conds []store.Cond) error
 	return nil
 }
 
-// someKeyIn returns a key k with lo <= k < hi that exists (its log entry,
-// if it has one, is not a delete), if there is one: any of the log's, else
-// the checkpoint's first by a cursor from lo that the log does not delete.
-func (sess *session) someKeyIn(tx *bolt.Tx, lo, hi string) (string, bool) {
-	for k, e := range sess.chain.entries {
-		if k >= lo && k < hi && !e.del {
-			return k, true
-		}
-	}
+// someKeyIn returns the first key k with lo <= k < hi, if there is one.
+func someKeyIn(tx *bolt.Tx, lo, hi string) (string, bool) {
 	b := tx.Bucket(bucketKV)
 	if b == nil {
 		return "", false
 	}
-	c := b.Cursor()
-	for k, _ := c.Seek([]byte(lo)); k != nil && string(k) < hi; k, _ = c.Next() {
-		if _, logged := sess.chain.entries[string(k)]; !logged {
-			return string(k), true // a logged one was a delete: seen above
-		}
+	k, _ := b.Cursor().Seek([]byte(lo))
+	if k != nil && string(k) < hi {
+		return string(k), true
 	}
 	return "", false
 }
 
-// close lets go of the file's lock and closes it, and the log.
+// close lets go of the file's lock and closes it.
 func (sess *session) close() {
 	// A failing close cannot undo what was read or durably committed, so
 	// it is not reported.
 	_ = sess.db.close()
-	if sess.log != nil {
-		_ = sess.log.Close()
-	}
 }
 
-// with takes the in-process lock, runs fn on a session (the held one, or
-// one opened for the call and closed after it) and, when fn wrote a record
-// to the log, lets go of both locks before it waits for the log's flush:
-// other calls, here and in other processes, go on meanwhile, and the
-// commit returns once its record is on the disk. A read of a file that
-// does not exist yet runs nothing: nothing was ever committed, every key is
-// absent.
+// with takes the in-process lock and runs fn on a session: the held one,
+// or one opened for the call and closed after it. A commit ends the
+// session, held or not. A read of a file that does not exist yet runs
+// nothing: nothing was ever committed, every key is absent.
 func (s *Store) with(ctx context.Context, readOnly bool, fn func(*session) error) error {
 	deadline, err := s.enter(ctx)
 	if err != nil {
 		return err
 	}
+	defer func() { <-s.sem }()
 	sess, err := s.session(ctx, readOnly, deadline)
-	if err != nil || sess == nil {
-		<-s.sem
-		if err != nil {
-			return err
-		}
+	if err != nil {
+		return err
+	}
+	if sess == nil {
 		return ctx.Err()
 	}
 	err = fn(sess)
-	var flush *os.File
 	if sess.committed || s.held != sess {
-		if sess.flush {
-			flush, sess.log = sess.log, nil
-		}
 		sess.close()
 		if s.held == sess {
 			s.held = nil
 		}
-	}
-	<-s.sem
-	if flush != nil {
-		if ferr := unix.Fdatasync(int(flush.Fd())); ferr != nil && err == nil {
-			err = fmt.Errorf("flush the write-ahead log: %w", ferr)
-		}
-		_ = flush.Close()
 	}
 	if err != nil && !errors.Is(err, store.ErrConflict) {
 		return fmt.Errorf("local store %s: %w", s.path, err)

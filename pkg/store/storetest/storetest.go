@@ -333,10 +333,10 @@ func testRangeAbsent(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	// On an empty store every range is empty.
 	mustCommit(t, s, []store.Cond{store.AbsentRange("r/", "r0")}, store.Put("first", []byte("1")))
-	// r/2 and r/5 stay; r/3 is deleted later. Then a value large enough
-	// to make a backend with a write-ahead log (local) move the log to its
-	// main file, so that the keys written before and after it, and the
-	// deletes, live in different places there.
+	// r/2 and r/5 stay; r/3 is deleted later. Then a large value (40
+	// KiB: a backend that keeps recent commits apart from its main file
+	// would move them there), so that the keys written before and after
+	// it, and the deletes, may live in different places.
 	mustCommit(t, s, nil, store.Put("r/2", []byte("2")), store.Put("r/3", []byte("3")), store.Put("r/5", []byte("5")))
 	mustCommit(t, s, nil, store.Put("big", bytes.Repeat([]byte("x"), 40<<10)))
 	mustCommit(t, s, nil, store.Put("r/8", []byte("8")), store.Put("r/6x", []byte("6")), store.Delete("r/3"))

@@ -6,16 +6,17 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"slices"
-
-	"github.com/ringipam/ringipam/pkg/store"
 )
 
-// The write-ahead log ("<file>-wal", beside the bbolt file) holds the
-// commits made since the last checkpoint as a chain of records, written one
-// after the other from offset 0 of a file of logCapacity bytes that is
-// filled with zeros when it is created, so that a record's write changes
-// no metadata of the file and its flush is one write of data:
+// The write-ahead log that the local store kept beside its bbolt file
+// from commit 9ee916f to issue 34 ("<file>-wal"). Nothing writes one any more: the first
+// session that finds the file's revision counter anchored (16 bytes) reads
+// the log once and checkpoints its chain into the file (checkpointOldLog in
+// local.go). What follows is the reader of its format, and nothing else.
+//
+// The log held the commits made since the last checkpoint as a chain of
+// records, written one after the other from offset 0 of a file of
+// logCapacity bytes that was zero-filled when it was created:
 //
 //	offset  size
 //	0       4   length of the record, header included (little endian)
@@ -29,16 +30,15 @@ import (
 //
 // A record belongs to the chain when its hash is right, its seq is one more
 // than the record before it (the first: one more than the checkpoint's
-// revision) and its prev is that record's hash (the first: the anchor,
-// a random number drawn at every checkpoint and kept with its revision in
-// the bbolt file). The chain ends at the first record that is not, so a
-// record torn by a crash ends it, and so does anything written before the
-// last checkpoint: a record can never be read after one that it did not
-// follow.
+// revision) and its prev is that record's hash (the first: the anchor, a
+// random number drawn at every checkpoint and kept with its revision in the
+// bbolt file). The chain ends at the first record that is not, so a record
+// torn by a crash ends it (its commit had not returned), and so does
+// anything written before the last checkpoint.
 const (
-	logSuffix   = "-wal"
-	logCapacity = 32 << 10
-	logHeader   = 28
+	oldLogSuffix = "-wal"
+	logCapacity  = 32 << 10
+	logHeader    = 28
 )
 
 // logEntry is the latest value of a key in the log's chain.
@@ -53,8 +53,8 @@ type logEntry struct {
 type logChain struct {
 	seq     int64               // the revision of the last record, or the checkpoint's
 	hash    uint64              // the hash of the last record, or the anchor
-	next    int                 // where the next record goes
-	entries map[string]logEntry // the chain's keys (prefixed), latest first
+	next    int                 // the offset after the chain's last record
+	entries map[string]logEntry // each of the chain's keys (prefixed): its latest entry
 }
 
 // errCorruptLog marks a record whose hash is right but whose body does not
@@ -62,7 +62,7 @@ type logChain struct {
 var errCorruptLog = errors.New("corrupt write-ahead log record")
 
 // readChain reads the chain that follows a checkpoint at revision seq with
-// anchor from f (nil: no log yet).
+// anchor from f (nil: no log).
 func readChain(f *os.File, seq int64, anchor uint64) (logChain, error) {
 	c := logChain{seq: seq, hash: anchor}
 	if f == nil {
@@ -125,49 +125,6 @@ func (c *logChain) apply(body []byte, rev int64) error {
 		body = body[n:]
 	}
 	return nil
-}
-
-// keysBetween returns the chain's keys in [lo, hi), sorted.
-func (c *logChain) keysBetween(lo, hi string) []string {
-	var out []string
-	for k := range c.entries {
-		if k >= lo && k < hi {
-			out = append(out, k)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// encodeRecord is the record of a commit of ops at revision seq after the
-// record (or anchor) whose hash is prev.
-func encodeRecord(seq int64, prev uint64, prefix string, ops []store.Op) []byte {
-	n := logHeader
-	for _, o := range ops {
-		n += 5 + len(prefix) + len(o.Key)
-		if !o.Delete {
-			n += 4 + len(o.Value)
-		}
-	}
-	b := make([]byte, logHeader, n)
-	binary.LittleEndian.PutUint32(b, uint32(n))
-	binary.LittleEndian.PutUint64(b[4:], uint64(seq))
-	binary.LittleEndian.PutUint64(b[12:], prev)
-	for _, o := range ops {
-		kind := byte(0)
-		if o.Delete {
-			kind = 1
-		}
-		b = append(b, kind)
-		b = binary.LittleEndian.AppendUint32(b, uint32(len(prefix)+len(o.Key)))
-		b = append(append(b, prefix...), o.Key...)
-		if !o.Delete {
-			b = binary.LittleEndian.AppendUint32(b, uint32(len(o.Value)))
-			b = append(b, o.Value...)
-		}
-	}
-	binary.LittleEndian.PutUint64(b[20:], recordHash(b))
-	return b
 }
 
 // recordHash is FNV-1a (64 bits) of a record's bytes 0-19 and its body.
