@@ -1,4 +1,4 @@
-// Package ringctl holds the cores of the ringctl command: the operator's
+// Package cli holds the cores of the ringctl command: the operator's
 // view of a ringipam store (status, ls, ports, history, explain, check) and
 // its repairs (release, hold drop, rmpeer, gc, host ack, import of a
 // host-local data directory).
@@ -16,4 +16,4 @@
 // pool allocator's timeout (Main sets it from --timeout). A repair that
 // fails part-way reports the actions it completed and the error; every
 // repair is idempotent, so running it again finishes the job.
-package ringctl
+package cli

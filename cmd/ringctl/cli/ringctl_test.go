@@ -1,4 +1,4 @@
-package ringctl
+package cli
 
 import (
 	"bytes"
