@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/ringipam/ringipam/internal/peercred"
+	"github.com/ringipam/ringipam/pkg/peercred"
 	"github.com/ringipam/ringipam/pkg/store"
 )
 

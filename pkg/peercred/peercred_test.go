@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ringipam/ringipam/internal/peercred"
+	"github.com/ringipam/ringipam/pkg/peercred"
 )
 
 // serve listens on a fresh unix socket through a peercred.Listener with

@@ -16,9 +16,8 @@
 //   - A connection whose credentials cannot be read (not a unix socket) is
 //     refused, never admitted.
 //
-// It knows nothing of the protocol spoken on the socket, so every server of
-// the agent's socket (the store relay today, its successor tomorrow) can
-// put it in front of its accept loop.
+// It knows nothing of the protocol spoken on the socket: the agent's API
+// server (package agentapi) puts it in front of its accept loop.
 package peercred
 
 import (
