@@ -147,6 +147,7 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.Var(storeconfig.DurationValue(&cfg.SyncInterval), "sync-interval", "how often the ingress forwards are compared with the store")
 	fs.Var(storeconfig.DurationValue(&cfg.StatusRefresh), "status-refresh", "how often pool usage is read for the status page and metrics")
 	fs.Var(storeconfig.DurationValue(&cfg.Timeout), "timeout", "deadline of one store operation of the agent")
+	fs.StringVar(&cfg.Store.DelQueue, "del-queue", cfg.Store.DelQueue, "etcd: directory of the DELs this host's plugins queued while no agent answered; the agent runs them when it starts and every sync interval (default /var/lib/ringipam/del-queue)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {

@@ -39,6 +39,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ringipam/ringipam/pkg/agentapi"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store/local"
@@ -129,6 +130,22 @@ type Config struct {
 	// Default DefaultAgentSocket. The Docker driver, ringctl and the
 	// agent itself reach etcd directly.
 	AgentSocket string `json:"agentSocket,omitempty"`
+	// DelQueue is the directory where the plugins queue a DEL that finds
+	// no host agent, and from which the agent runs them (package
+	// agentapi, DelQueue). Default /var/lib/ringipam/del-queue.
+	DelQueue string `json:"delQueue,omitempty"`
+}
+
+// DelQueueDir returns the DEL queue's directory of an etcd store, its
+// default applied ("" for a local store, which needs no agent).
+func (c Config) DelQueueDir() string {
+	switch {
+	case c.Type != TypeEtcd:
+		return ""
+	case c.DelQueue == "":
+		return agentapi.DefaultDelQueue
+	}
+	return c.DelQueue
 }
 
 // DefaultAgentSocket is the host agent's socket of an etcd store when
@@ -267,8 +284,8 @@ func (c Config) Validate() error {
 	}
 	switch c.Type {
 	case "", TypeLocal:
-		if len(c.Endpoints) > 0 || (c.TLS != nil && *c.TLS != (TLS{})) || c.Username != "" || c.Password != "" || c.AgentSocket != "" {
-			bad(`endpoints, tls, username, password and agentSocket belong to type "etcd", not "local"`)
+		if len(c.Endpoints) > 0 || (c.TLS != nil && *c.TLS != (TLS{})) || c.Username != "" || c.Password != "" || c.AgentSocket != "" || c.DelQueue != "" {
+			bad(`endpoints, tls, username, password, agentSocket and delQueue belong to type "etcd", not "local"`)
 		}
 		if strings.ContainsRune(c.Path, 0) {
 			bad("path contains a NUL byte")
@@ -303,6 +320,9 @@ func (c Config) Validate() error {
 			bad(`agentSocket "off" is no longer accepted: on etcd the CNI plugins reach etcd only through the host agent (ringipamd); leave agentSocket out (default %s) or name the agent's socket`, DefaultAgentSocket)
 		case a != "" && (!filepath.IsAbs(a) || strings.ContainsRune(a, 0)):
 			bad("agentSocket %q must be an absolute path", a)
+		}
+		if d := c.DelQueue; d != "" && (!filepath.IsAbs(d) || strings.ContainsRune(d, 0)) {
+			bad("delQueue %q must be an absolute path", d)
 		}
 	default:
 		bad(`unknown type %q: want "local" or "etcd"`, c.Type)

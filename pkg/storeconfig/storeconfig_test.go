@@ -37,6 +37,8 @@ func TestParse(t *testing.T) {
 			storeconfig.Config{Type: "etcd", Endpoints: []string{"https://198.18.0.1:2379", "198.18.0.2:2379", "https://[fd00::1]:2379"}, Prefix: "/x/",
 				TLS: &storeconfig.TLS{CA: "/ca.pem", Cert: "/c.pem", Key: "/k.pem"}, Username: "u", Password: "p",
 				DialTimeout: storeconfig.Duration(2 * time.Second), RequestTimeout: storeconfig.Duration(3 * time.Second)}},
+		{"etcd agent socket and del queue", `{"type":"etcd","endpoints":["h:1"],"agentSocket":"/run/a.sock","delQueue":"/var/q"}`,
+			storeconfig.Config{Type: "etcd", Endpoints: []string{"h:1"}, AgentSocket: "/run/a.sock", DelQueue: "/var/q"}},
 		{"etcd unix socket", `{"type":"etcd","endpoints":["unix:///run/etcd.sock"]}`,
 			storeconfig.Config{Type: "etcd", Endpoints: []string{"unix:///run/etcd.sock"}}},
 	}
@@ -86,6 +88,8 @@ func TestParseErrors(t *testing.T) {
 		{"etcd with path", `{"type":"etcd","endpoints":["h:1"],"path":"/x"}`, []string{`path belongs to type "local"`}},
 		{"local with endpoints", `{"endpoints":["h:1"]}`, []string{`belong to type "etcd"`}},
 		{"local with agent socket", `{"agentSocket":"/run/x.sock"}`, []string{`belong to type "etcd"`}},
+		{"local with del queue", `{"delQueue":"/var/q"}`, []string{`delQueue belong to type "etcd"`}},
+		{"etcd relative del queue", `{"type":"etcd","endpoints":["h:1"],"delQueue":"q"}`, []string{`delQueue "q" must be an absolute path`}},
 		{"etcd relative agent socket", `{"type":"etcd","endpoints":["h:1"],"agentSocket":"x.sock"}`, []string{`agentSocket "x.sock" must be an absolute path`}},
 		{"etcd agent socket off", `{"type":"etcd","endpoints":["h:1"],"agentSocket":"off"}`, []string{`agentSocket "off" is no longer accepted`, "only through the host agent"}},
 		{"trailing data", `{"type":"local"} {}`, []string{"data after the store object"}},
