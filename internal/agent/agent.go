@@ -13,16 +13,17 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ringipam/ringipam/pkg/agentapi"
 	"github.com/ringipam/ringipam/pkg/cni/ipam"
 	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store"
-	"github.com/ringipam/ringipam/pkg/store/relay"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
@@ -199,10 +200,10 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("listen %s: %w", a.cfg.Listen, err)
 		}
 	}
-	var relayL net.Listener
+	var apiL net.Listener
 	if sock := a.cfg.Store.Socket(); sock != "" && a.cli != nil {
 		var err error
-		if relayL, err = relay.Listen(sock); err != nil {
+		if apiL, err = agentapi.Listen(sock); err != nil {
 			if l != nil {
 				l.Close()
 			}
@@ -268,8 +269,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	case err := <-fatal:
 		cancel()
 		wg.Wait()
-		if relayL != nil {
-			relayL.Close()
+		if apiL != nil {
+			apiL.Close()
 		}
 		if l != nil {
 			l.Close()
@@ -309,32 +310,45 @@ func (a *Agent) Run(ctx context.Context) error {
 		}()
 		a.log.Info("serving the status page and metrics", "addr", l.Addr().String())
 	}
-	if relayL != nil {
-		srv := relay.NewServer(a.st, a.cfg.Store.Identity(),
-			func(msg string, args ...any) { a.log.Warn(msg, args...) })
-		// Whole ipam-ring invocations too: on etcd the plugin then makes
-		// one exchange with the agent instead of one per store call.
-		srv.Invoker = nameGuard{inner: ipam.AgentInvoker{Store: a.st, Config: a.cfg.Store}, lost: a.nameLost.Load, host: a.cfg.Host}
-		srv.OnCall = func(op string, err error) {
+	if apiL != nil {
+		handlers := a.handlers()
+		// The DELs queued while no agent answered: before serving (their
+		// addresses are free for the ADDs to come), then on every sync
+		// interval (what failed now, or what a plugin queued meanwhile).
+		a.drain(ctx, handlers, time.Duration(a.cfg.Timeout)*drainAtStartTimeouts)
+		loop(func(ctx context.Context) {
+			t := time.NewTicker(time.Duration(a.cfg.SyncInterval))
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					a.drain(ctx, handlers, 0)
+				}
+			}
+		})
+		srv := &agentapi.Server{Handlers: handlers, Log: func(msg string, args ...any) { a.log.Warn(msg, args...) }}
+		srv.OnCall = func(plugin, command string, ans *agentapi.Answer) {
 			result := "ok"
 			switch {
-			case errors.Is(err, store.ErrConflict):
-				result = "conflict"
-			case err != nil:
+			case ans.CNIError != nil && ans.CNIError.Code == types.ErrTryAgainLater:
+				result = "try-again"
+			case ans.Failed():
 				result = "error"
 			}
-			a.metrics.relayed.WithLabelValues(op, result).Inc()
+			a.metrics.calls.WithLabelValues(plugin, command, result).Inc()
 		}
 		// Root only (PeerUID 0); the server logs each refusal.
 		srv.OnRefused = func(reason string, _ error) { a.metrics.socketRefused.WithLabelValues(reason).Inc() }
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := srv.Serve(ctx, relayL); err != nil {
-				a.log.Error("store socket", "err", err)
+			if err := srv.Serve(ctx, apiL); err != nil {
+				a.log.Error("agent socket", "err", err)
 			}
 		}()
-		a.log.Info("serving the store and ipam-ring invocations to plugins", "socket", relayL.Addr().String())
+		a.log.Info("serving ipam-ring's and portmap-ingress's invocations", "socket", apiL.Addr().String(), "delQueue", a.cfg.Store.DelQueueDir())
 	}
 	var runErr error
 	select {
@@ -710,4 +724,42 @@ func (a *Agent) current(ctx context.Context) *Snapshot {
 		return s
 	}
 	return &Snapshot{Host: a.cfg.Host, Taken: a.now(), Problems: []string{"the store could not be read yet"}}
+}
+
+// handlers are the agent's handlers of both plugins, on its store, behind
+// the name guard.
+func (a *Agent) handlers() agentapi.Handlers {
+	guard := func(h agentapi.Handler) agentapi.Handler {
+		return nameGuard{inner: h, lost: a.nameLost.Load, host: a.cfg.Host}
+	}
+	return agentapi.Handlers{
+		agentapi.PluginIPAM:    guard(ipam.AgentHandler{Store: a.st, Config: a.cfg.Store}),
+		agentapi.PluginPortmap: guard(portmap.AgentHandler{Store: a.st, Config: a.cfg.Store, Locks: a.locks}),
+	}
+}
+
+// drainAtStartTimeouts bounds the drain before the agent serves, in agent
+// timeouts: with the store out of reach the agent serves anyway, and the
+// periodic drains run what is left.
+const drainAtStartTimeouts = 3
+
+// drain runs the DELs queued in the store's DEL queue through hs (within
+// limit, when not 0), and logs and counts what it did.
+func (a *Agent) drain(ctx context.Context, hs agentapi.Handlers, limit time.Duration) {
+	if limit > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, limit)
+		defer cancel()
+	}
+	q := agentapi.DelQueue{Dir: a.cfg.Store.DelQueueDir()}
+	rep, err := q.Drain(ctx, hs)
+	if err != nil && ctx.Err() == nil {
+		a.log.Warn("draining the DEL queue", "dir", q.Dir, "err", err)
+	}
+	a.metrics.delQueue.WithLabelValues("ok").Add(float64(rep.Done))
+	a.metrics.delQueue.WithLabelValues("failed").Add(float64(rep.Failed))
+	if rep.Done > 0 || rep.Failed > 0 || rep.TempRemoved > 0 {
+		a.log.Info("ran the DELs queued while no agent answered", "dir", q.Dir, "done", rep.Done, "failed", rep.Failed,
+			"tempFilesRemoved", rep.TempRemoved, "errs", errors.Join(rep.Errs...))
+	}
 }

@@ -17,10 +17,10 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ringipam/ringipam/pkg/agentapi"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/retry"
 	"github.com/ringipam/ringipam/pkg/store"
-	"github.com/ringipam/ringipam/pkg/store/relay"
 )
 
 // livenessValue is what the liveness key holds: who keeps it, for
@@ -286,22 +286,16 @@ func sleep(ctx context.Context, d time.Duration) error {
 // this host's ADDs would share that instance's ranges, and its GC could
 // release that instance's containers.
 type nameGuard struct {
-	inner relay.Invoker
+	inner agentapi.Handler
 	lost  func() bool
 	host  string
 }
 
-func (g nameGuard) Accept(inv *relay.Invocation) (func(context.Context) relay.Outcome, time.Duration, bool) {
-	run, timeout, ok := g.inner.Accept(inv)
-	if !ok || inv.Command == "DEL" {
-		return run, timeout, ok
+// Serve implements agentapi.Handler.
+func (g nameGuard) Serve(ctx context.Context, req *agentapi.Request) agentapi.Answer {
+	if req.Command == "DEL" || !g.lost() {
+		return g.inner.Serve(ctx, req)
 	}
-	return func(ctx context.Context) relay.Outcome {
-		if !g.lost() {
-			return run(ctx)
-		}
-		msg := fmt.Sprintf("host %s: another ringipamd holds this host's name (its liveness key); this host's agent lost it. Host names must be unique: stop one of them", g.host)
-		b, _ := json.Marshal(types.NewError(types.ErrTryAgainLater, msg, ""))
-		return relay.Outcome{Error: b}
-	}, timeout, true
+	msg := fmt.Sprintf("host %s: another ringipamd holds this host's name (its liveness key); this host's agent lost it. Host names must be unique: stop one of them", g.host)
+	return agentapi.Answer{CNIError: types.NewError(types.ErrTryAgainLater, msg, "")}
 }

@@ -18,11 +18,14 @@ type metrics struct {
 	// stalePortmap counts attachments whose forwards the agent removed
 	// from portmap-ingress's table (this host no longer held them).
 	stalePortmap prometheus.Counter
-	relayed      *prometheus.CounterVec
-	// socketRefused counts connections to the store socket closed
-	// unserved, by reason (peer, too-large, malformed).
+	// calls counts the plugins' invocations run on the agent socket.
+	calls *prometheus.CounterVec
+	// socketRefused counts connections to the agent socket closed or
+	// answered without running anything, by reason.
 	socketRefused *prometheus.CounterVec
-	snapshotFn    func() *Snapshot
+	// delQueue counts the queued DELs the agent ran, by result.
+	delQueue   *prometheus.CounterVec
+	snapshotFn func() *Snapshot
 }
 
 var (
@@ -51,16 +54,21 @@ func newMetrics(snapshot func() *Snapshot) *metrics {
 			Help: "Ingress forward syncs that failed to reach the packet filter."}),
 		stalePortmap: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_portmap_stale_removed_total",
 			Help: "Attachments whose forwards this agent removed from portmap-ingress's table because the store no longer records them on this host."}),
-		relayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_relayed_calls_total",
-			Help: "Store calls of plugins, the Docker driver and ringctl served on the agent's store socket, by operation and result (ok, conflict, error)."}, []string{"op", "result"}),
-		socketRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_store_socket_refused_total",
-			Help: "Connections to the agent's store socket closed without being served, by reason: peer (a process not running as root), too-large (a request line over the limit), malformed (an undecodable request)."}, []string{"reason"}),
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_agent_calls_total",
+			Help: "Plugin invocations run on the agent's socket, by plugin (ipam-ring, portmap-ingress), CNI command and result (ok, try-again: code 11, error: any other failure)."}, []string{"plugin", "command", "result"}),
+		socketRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_agent_socket_refused_total",
+			Help: "Connections to the agent's socket closed or answered without running anything, by reason: peer (a process not running as root, closed unread), too-large (a request line over the limit), malformed (an undecodable request), version (another agent API version), plugin (an unknown plugin)."}, []string{"reason"}),
+		delQueue: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_del_queue_runs_total",
+			Help: "DELs the plugins queued while no agent answered that this agent ran, by result (ok: released and removed from the queue; failed: left for the next drain)."}, []string{"result"}),
 		snapshotFn: snapshot,
 	}
-	for _, reason := range []string{"peer", "too-large", "malformed"} {
+	for _, reason := range []string{"peer", "too-large", "malformed", "version", "plugin"} {
 		m.socketRefused.WithLabelValues(reason) // shown from 0
 	}
-	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.relayed, m.socketRefused, m,
+	for _, result := range []string{"ok", "failed"} {
+		m.delQueue.WithLabelValues(result)
+	}
+	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.calls, m.socketRefused, m.delQueue, m,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

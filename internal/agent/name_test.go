@@ -5,15 +5,14 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
-	"time"
 
-	"github.com/ringipam/ringipam/pkg/store/relay"
+	"github.com/ringipam/ringipam/pkg/agentapi"
 )
 
-type okInvoker struct{}
+type okHandler struct{}
 
-func (okInvoker) Accept(*relay.Invocation) (func(context.Context) relay.Outcome, time.Duration, bool) {
-	return func(context.Context) relay.Outcome { return relay.Outcome{Stdout: []byte("{}")} }, time.Second, true
+func (okHandler) Serve(context.Context, *agentapi.Request) agentapi.Answer {
+	return agentapi.Answer{Stdout: []byte("{}")}
 }
 
 // TestNameGuardFailsStatusOnceTheNameIsLost: while another instance holds
@@ -21,29 +20,25 @@ func (okInvoker) Accept(*relay.Invocation) (func(context.Context) relay.Outcome,
 // with code 11; DEL still runs; holding the name again serves all.
 func TestNameGuardFailsStatusOnceTheNameIsLost(t *testing.T) {
 	var lost atomic.Bool
-	g := nameGuard{inner: okInvoker{}, lost: lost.Load, host: "h1"}
-	outcome := func(cmd string) relay.Outcome {
-		run, _, ok := g.Accept(&relay.Invocation{Command: cmd})
-		if !ok {
-			t.Fatalf("%s not accepted", cmd)
-		}
-		return run(context.Background())
+	g := nameGuard{inner: okHandler{}, lost: lost.Load, host: "h1"}
+	answer := func(cmd string) agentapi.Answer {
+		return g.Serve(context.Background(), &agentapi.Request{Plugin: agentapi.PluginIPAM, Command: cmd})
 	}
-	if o := outcome("STATUS"); o.Error != nil {
-		t.Fatalf("STATUS with the name held: %s", o.Error)
+	if a := answer("STATUS"); a.Failed() {
+		t.Fatalf("STATUS with the name held: %+v", a)
 	}
 	lost.Store(true)
 	for _, cmd := range []string{"STATUS", "ADD", "GC"} {
-		o := outcome(cmd)
-		if e := string(o.Error); !strings.Contains(e, `"code":11`) || !strings.Contains(e, "another ringipamd holds this host's name") {
-			t.Fatalf("%s with the name lost: %q, want code 11 naming the cause", cmd, e)
+		a := answer(cmd)
+		if a.CNIError == nil || a.CNIError.Code != 11 || !strings.Contains(a.CNIError.Msg, "another ringipamd holds this host's name") {
+			t.Fatalf("%s with the name lost: %+v, want code 11 naming the cause", cmd, a.CNIError)
 		}
 	}
-	if o := outcome("DEL"); o.Error != nil {
-		t.Fatalf("DEL with the name lost: %s", o.Error)
+	if a := answer("DEL"); a.Failed() {
+		t.Fatalf("DEL with the name lost: %+v", a)
 	}
 	lost.Store(false)
-	if o := outcome("STATUS"); o.Error != nil {
-		t.Fatalf("STATUS with the name held again: %s", o.Error)
+	if a := answer("STATUS"); a.Failed() {
+		t.Fatalf("STATUS with the name held again: %+v", a)
 	}
 }

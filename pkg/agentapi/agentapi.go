@@ -136,6 +136,9 @@ type Answer struct {
 	Version int `json:"version"`
 	// Stdout is what the plugin prints (the result of ADD).
 	Stdout []byte `json:"stdout,omitempty"`
+	// Stderr is what the verb logged (the plugin writes it to its
+	// stderr).
+	Stderr []byte `json:"stderr,omitempty"`
 	// CNIError is the verb's error, which the plugin prints and exits 1
 	// with.
 	CNIError *types.Error `json:"cniError,omitempty"`

@@ -13,7 +13,8 @@ import (
 // Plugin, Command and the rest set by the caller) to the agent at socket
 // and returns what the plugin prints, or the error to return to the
 // runtime, always a *types.Error:
-//   - the agent ran the verb: its stdout, or its CNI error as is;
+//   - the agent ran the verb: its stdout, or its CNI error as is (what
+//     the verb logged is written to notes);
 //   - no agent (ErrNoAgent), no answer (ErrNoAnswer) or an agent of
 //     another protocol version (*VersionError): a DEL is queued in the
 //     directory delQueue (DelQueue) and succeeds, with a note on notes
@@ -26,6 +27,9 @@ import (
 func Forward(ctx context.Context, socket, delQueue string, req *Request, notes io.Writer) ([]byte, error) {
 	a, err := Call(ctx, socket, req)
 	if err == nil {
+		if notes != nil && len(a.Stderr) > 0 {
+			_, _ = notes.Write(a.Stderr)
+		}
 		if a.CNIError != nil {
 			return a.Stdout, a.CNIError
 		}

@@ -31,6 +31,22 @@ type HandlerFunc func(ctx context.Context, req *Request) Answer
 // Serve implements Handler.
 func (f HandlerFunc) Serve(ctx context.Context, req *Request) Answer { return f(ctx, req) }
 
+// Handlers are the handlers of an agent, by plugin name (PluginIPAM,
+// PluginPortmap). As a Handler it runs a request through the handler of
+// its plugin (DelQueue.Drain takes it so).
+type Handlers map[string]Handler
+
+// Serve implements Handler: a plugin without handler is refused.
+func (hs Handlers) Serve(ctx context.Context, req *Request) Answer {
+	h := hs[req.Plugin]
+	if h == nil {
+		return Answer{Error: noPlugin(req.Plugin)}
+	}
+	return h.Serve(ctx, req)
+}
+
+func noPlugin(name string) string { return fmt.Sprintf("this agent serves no plugin %q", name) }
+
 // Listen creates the unix socket at path (mode 0600, its directory 0700 if
 // missing). A socket file nobody serves any more is replaced; one that
 // another process still serves is an error.
@@ -61,7 +77,7 @@ func Listen(path string) (net.Listener, error) {
 type Server struct {
 	// Handlers run the invocations, by Request.Plugin. A request for a
 	// plugin without one is refused (Answer.Error).
-	Handlers map[string]Handler
+	Handlers Handlers
 	// Version is the protocol version spoken; 0 means Version (tests set
 	// others).
 	Version int
@@ -178,7 +194,7 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	}
 	h := s.Handlers[req.Plugin]
 	if h == nil {
-		err := fmt.Errorf("this agent serves no plugin %q", req.Plugin)
+		err := errors.New(noPlugin(req.Plugin))
 		s.refused("plugin", err)
 		s.answer(c, &Answer{Error: err.Error()})
 		return

@@ -11,5 +11,5 @@ import (
 )
 
 func main() {
-	skel.PluginMainFuncs(portmap.Edge{}.Funcs(), portmap.SupportedVersions, "portmap-ingress: published ports unique across a ringipam cluster")
+	skel.PluginMainFuncs(portmap.Edge{ToAgent: true}.Funcs(), portmap.SupportedVersions, "portmap-ingress: published ports unique across a ringipam cluster")
 }

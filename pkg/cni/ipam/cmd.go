@@ -31,10 +31,10 @@ type Edge struct {
 	Open func(ctx context.Context, c *Config) (Allocator, func() error, error)
 	// Stdout receives ADD results; nil means os.Stdout.
 	Stdout io.Writer
-	// ToAgent, if set, sends each invocation to the host agent first
-	// (forward.go): when the agent serves the configured store it runs the
-	// call, and this process only prints its outcome. The plugin's main
-	// sets it; tests that run the verbs in process leave it off.
+	// ToAgent, if set, sends each invocation on an etcd store to the host
+	// agent (forward.go), which runs it; this process only prints its
+	// answer. The plugin's main sets it; tests that run the verbs in
+	// process leave it off.
 	ToAgent bool
 }
 
@@ -73,19 +73,17 @@ type verb func(e Edge, parent context.Context, c *Config, args *skel.CmdArgs) er
 var verbs = map[string]verb{"ADD": Edge.add, "DEL": Edge.del, "CHECK": Edge.check, "GC": Edge.gc, "STATUS": Edge.status}
 
 // call runs the verb of command for args: through the host agent when
-// ToAgent is set and an agent serves the call, here otherwise.
+// ToAgent is set and the store is etcd, here otherwise.
 func (e Edge) call(command string, args *skel.CmdArgs) error {
 	if err := checkSize(args.StdinData); err != nil {
-		return wire(err) // before the agent is asked to take it
-	}
-	if e.ToAgent {
-		if served, err := e.forward(command, args); served {
-			return err
-		}
+		return wire(err)
 	}
 	c, err := Load(args.StdinData, args.Args)
 	if err != nil {
 		return wire(err)
+	}
+	if e.ToAgent && c.Store.Type == storeconfig.TypeEtcd {
+		return e.forward(command, c, args)
 	}
 	return e.dispatch(context.Background(), command, c, args)
 }

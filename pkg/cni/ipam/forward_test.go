@@ -3,53 +3,49 @@ package ipam
 import (
 	"bytes"
 	"context"
-	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/ringipam/ringipam/pkg/agentapi"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
-	"github.com/ringipam/ringipam/pkg/store/relay"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
 const agentEndpoint = "http://198.18.0.9:2379"
 
-// countingInvoker counts the invocations the agent accepted.
-type countingInvoker struct {
-	AgentInvoker
-	accepted atomic.Int32
+// countingHandler counts the invocations the agent ran.
+type countingHandler struct {
+	AgentHandler
+	ran atomic.Int32
 }
 
-func (c *countingInvoker) Accept(inv *relay.Invocation) (func(context.Context) relay.Outcome, time.Duration, bool) {
-	run, timeout, ok := c.AgentInvoker.Accept(inv)
-	if ok {
-		c.accepted.Add(1)
-	}
-	return run, timeout, ok
+func (c *countingHandler) Serve(ctx context.Context, req *agentapi.Request) agentapi.Answer {
+	c.ran.Add(1)
+	return c.AgentHandler.Serve(ctx, req)
 }
 
 // startAgentSocket serves st (an etcd cluster at agentEndpoint, prefix
 // /ringipam/, as far as invocations go) on a fresh socket.
-func startAgentSocket(t *testing.T, st store.Store) (string, *countingInvoker) {
+func startAgentSocket(t *testing.T, st store.Store) (string, *countingHandler) {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "store.sock")
-	l, err := relay.Listen(sock)
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	l, err := agentapi.Listen(sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := storeconfig.Config{Type: storeconfig.TypeEtcd, Endpoints: []string{agentEndpoint}}
-	inv := &countingInvoker{AgentInvoker: AgentInvoker{Store: st, Config: cfg, HostLocks: hostlock.Dir(t.TempDir())}}
-	srv := relay.NewServer(st, cfg.Identity(), t.Logf)
-	srv.Invoker = inv
+	h := &countingHandler{AgentHandler: AgentHandler{Store: st, Config: cfg, HostLocks: hostlock.Dir(t.TempDir())}}
+	srv := &agentapi.Server{Handlers: agentapi.Handlers{agentapi.PluginIPAM: h}, PeerUID: uint32(os.Geteuid()), Log: t.Logf}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, l) }()
@@ -61,7 +57,7 @@ func startAgentSocket(t *testing.T, st store.Store) (string, *countingInvoker) {
 			t.Error("the agent's socket did not stop")
 		}
 	})
-	return sock, inv
+	return sock, h
 }
 
 // etcdConf is a network config on the etcd cluster at agentEndpoint with
@@ -80,11 +76,15 @@ func directOn(st store.Store, locks hostlock.Dir, out *bytes.Buffer, opened *ato
 	}}
 }
 
+func callVerb(e Edge, verb string, args *skel.CmdArgs) error {
+	return map[string]func(*skel.CmdArgs) error{"ADD": e.Add, "DEL": e.Del, "CHECK": e.Check, "GC": e.GC, "STATUS": e.Status}[verb](args)
+}
+
 // Every verb sent to the agent prints and fails as the same verb run by
 // the plugin itself, and the agent's store holds what it did.
 func TestForwardedVerbsMatchDirect(t *testing.T) {
 	agentStore, ownStore := memory.New(), memory.New()
-	sock, inv := startAgentSocket(t, agentStore)
+	sock, h := startAgentSocket(t, agentStore)
 	var viaOut, ownOut bytes.Buffer
 	var opened, ownOpened atomic.Int32
 	via := directOn(memory.New(), hostlock.Dir(t.TempDir()), &viaOut, &opened) // must not be opened
@@ -104,14 +104,11 @@ func TestForwardedVerbsMatchDirect(t *testing.T) {
 		{"DEL", "c1", 0}, {"DEL", "c1", 0},
 		{"GC", "", 0},
 	}
-	call := func(e Edge, verb string, args *skel.CmdArgs) error {
-		return map[string]func(*skel.CmdArgs) error{"ADD": e.Add, "DEL": e.Del, "CHECK": e.Check, "GC": e.GC, "STATUS": e.Status}[verb](args)
-	}
 	for _, s := range steps {
 		viaOut.Reset()
 		ownOut.Reset()
 		args := &skel.CmdArgs{ContainerID: s.id, IfName: "eth0", Netns: "/x", StdinData: cfg}
-		viaErr, ownErr := call(via, s.verb, args), call(own, s.verb, args)
+		viaErr, ownErr := callVerb(via, s.verb, args), callVerb(own, s.verb, args)
 		if codeOf(viaErr) != s.code || codeOf(ownErr) != s.code {
 			t.Fatalf("%s %s: through the agent %v, here %v; want code %d", s.verb, s.id, viaErr, ownErr, s.code)
 		}
@@ -125,8 +122,8 @@ func TestForwardedVerbsMatchDirect(t *testing.T) {
 	if n := opened.Load(); n != 0 {
 		t.Fatalf("the forwarding plugin opened its store %d times", n)
 	}
-	if n := inv.accepted.Load(); n != int32(len(steps)) {
-		t.Fatalf("the agent accepted %d of %d invocations", n, len(steps))
+	if n := h.ran.Load(); n != int32(len(steps)) {
+		t.Fatalf("the agent ran %d of %d invocations", n, len(steps))
 	}
 	a, err := pool.New(agentStore, "h1")
 	if err != nil {
@@ -141,22 +138,22 @@ func TestForwardedVerbsMatchDirect(t *testing.T) {
 	}
 }
 
-// The plugin runs the call itself when the agent serves another cluster,
-// when the store is local (never asking the agent), when no agent answers
-// on the socket, and when the configuration cannot be read (which it
-// reports).
-func TestForwardFallsBack(t *testing.T) {
-	sock, inv := startAgentSocket(t, memory.New())
+// An invocation naming another cluster than the agent's fails with code
+// 11 naming both; a local store never asks the agent; a configuration
+// that does not load fails with 7 before the agent is asked.
+func TestForwardRefusals(t *testing.T) {
+	sock, h := startAgentSocket(t, memory.New())
 	locks := hostlock.Dir(t.TempDir())
 	cases := []struct {
-		name string
-		conf []byte
-		code uint
+		name   string
+		conf   []byte
+		code   uint
+		says   string
+		opened int32
 	}{
-		{"another cluster", etcdConf(sock, "/other/"), 0},
-		{"no agent at the socket", etcdConf(filepath.Join(t.TempDir(), "none.sock"), ""), 0},
-		{"local store", conf(`{"host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}]],"store":{"type":"local","path":"/nonexistent/s.db"}}`), 0},
-		{"unreadable", conf(`{"host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}]],"store":{"type":"etcd","endpoints":["` + agentEndpoint + `"],"agentSocket":"` + sock + `"},"bogus":1}`), types.ErrInvalidNetworkConfig},
+		{"another cluster", etcdConf(sock, "/other/"), types.ErrTryAgainLater, "this host's agent serves etcd " + agentEndpoint + " prefix /ringipam/", 0},
+		{"local store", conf(`{"host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}]],"store":{"type":"local","path":"/nonexistent/s.db"}}`), 0, "", 1},
+		{"unreadable", conf(`{"host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}]],"store":{"type":"etcd","endpoints":["` + agentEndpoint + `"],"agentSocket":"` + sock + `"},"bogus":1}`), types.ErrInvalidNetworkConfig, "bogus", 0},
 	}
 	for _, c := range cases {
 		var out bytes.Buffer
@@ -164,68 +161,38 @@ func TestForwardFallsBack(t *testing.T) {
 		e := directOn(memory.New(), locks, &out, &opened)
 		e.ToAgent = true
 		err := e.Add(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", Netns: "/x", StdinData: c.conf})
-		if codeOf(err) != c.code {
-			t.Fatalf("%s: ADD = %v, want code %d", c.name, err, c.code)
+		if codeOf(err) != c.code || (err != nil && !strings.Contains(err.Error(), c.says)) {
+			t.Fatalf("%s: ADD = %v, want code %d saying %q", c.name, err, c.code, c.says)
 		}
-		if c.code == 0 && opened.Load() != 1 {
-			t.Fatalf("%s: the plugin opened its store %d times, want 1", c.name, opened.Load())
+		if opened.Load() != c.opened {
+			t.Fatalf("%s: the plugin opened its store %d times, want %d", c.name, opened.Load(), c.opened)
 		}
 	}
-	if n := inv.accepted.Load(); n != 0 {
-		t.Fatalf("the agent accepted %d invocations it does not serve", n)
+	if n := h.ran.Load(); n != 1 {
+		t.Fatalf("the agent ran %d invocations, want 1 (the other cluster's, refused)", n)
 	}
 }
 
-// A lost agent: the plugin runs the call itself (every verb may be run
-// twice); an agent past the call's timeout fails it with code 11.
-func TestForwardLostAgent(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "store.sock")
-	l, err := relay.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	// A socket that accepts and hangs up at once, as an agent stopping.
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			buf := make([]byte, 1<<16)
-			_, _ = c.Read(buf)
-			c.Close()
-		}
-	}()
+// Without an agent the plugin runs nothing itself: ADD fails with 11
+// naming the socket, DEL is queued in the store's delQueue.
+func TestForwardWithoutAgent(t *testing.T) {
+	dir := t.TempDir()
+	sock, queue := filepath.Join(dir, "none.sock"), filepath.Join(dir, "q")
+	cfg := conf(`{"host":"h1","ranges":[[{"subnet":"198.18.0.0/24"}]],"store":{"type":"etcd","endpoints":["` + agentEndpoint +
+		`"],"agentSocket":"` + sock + `","delQueue":"` + queue + `"}}`)
 	var out bytes.Buffer
 	var opened atomic.Int32
 	e := directOn(memory.New(), hostlock.Dir(t.TempDir()), &out, &opened)
 	e.ToAgent = true
-	if err := e.Add(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", Netns: "/x", StdinData: etcdConf(sock, "")}); err != nil || opened.Load() != 1 {
-		t.Fatalf("ADD with a lost agent: %v, store opened %d times", err, opened.Load())
+	err := e.Add(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", Netns: "/x", StdinData: cfg})
+	if codeOf(err) != types.ErrTryAgainLater || !strings.Contains(err.Error(), sock) {
+		t.Fatalf("ADD without agent: %v, want code 11 naming %s", err, sock)
 	}
-
-	// An agent that takes the call and never answers.
-	hang := filepath.Join(t.TempDir(), "hang.sock")
-	l2, err := relay.Listen(hang)
-	if err != nil {
-		t.Fatal(err)
+	if err := e.Del(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", StdinData: cfg}); err != nil {
+		t.Fatalf("DEL without agent: %v, want it queued", err)
 	}
-	defer l2.Close()
-	go func() {
-		c, err := l2.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		time.Sleep(20 * time.Second)
-	}()
-	slow := conf(`{"host":"h1","timeout":"100ms","ranges":[[{"subnet":"198.18.0.0/24"}]],"store":{"type":"etcd","endpoints":["` +
-		agentEndpoint + `"],"agentSocket":"` + hang + `"}}`)
-	err = e.Add(&skel.CmdArgs{ContainerID: "c2", IfName: "eth0", Netns: "/x", StdinData: slow})
-	var te *types.Error
-	if !errors.As(err, &te) || te.Code != types.ErrTryAgainLater || opened.Load() != 1 {
-		t.Fatalf("ADD with a hung agent: %v (store opened %d times), want code 11 and no call here", err, opened.Load())
+	if n, err := (agentapi.DelQueue{Dir: queue}).Len(); err != nil || n != 1 || opened.Load() != 0 {
+		t.Fatalf("queued %d (%v), store opened %d times; want 1 queued and nothing run here", n, err, opened.Load())
 	}
 }
 

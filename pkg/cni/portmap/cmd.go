@@ -46,6 +46,14 @@ type Edge struct {
 	// Locks is where the attachments' locks are kept (lockAttachment);
 	// empty means hostlock.DefaultDir.
 	Locks hostlock.Dir
+	// ToAgent, if set, sends each invocation on an etcd store to the host
+	// agent (agent.go). The plugin's main sets it.
+	ToAgent bool
+
+	// ctx and hostname are the invocation's context and the plugin's
+	// hostname when the agent runs it (AgentHandler); zero in the plugin.
+	ctx      context.Context
+	hostname string
 }
 
 // lockAttachment takes the lock of attachment id for an ADD or a DEL, with
@@ -109,7 +117,8 @@ func (e Edge) locked(ctx context.Context, id portalloc.EndpointID, discard bool,
 
 // Funcs returns the five verbs for skel.PluginMainFuncs.
 func (e Edge) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: e.Add, Del: e.Del, Check: e.Check, GC: e.GC, Status: e.Status}
+	return skel.CNIFuncs{Add: e.via("ADD", e.Add), Del: e.via("DEL", e.Del), Check: e.via("CHECK", e.Check),
+		GC: e.via("GC", e.GC), Status: e.via("STATUS", e.Status)}
 }
 
 func (e Edge) stderr() io.Writer {
@@ -149,7 +158,11 @@ func OpenConfigured(_ context.Context, c *Config) (Opened, error) {
 
 // run opens what c names under c's timeout, calls fn and closes again.
 func (e Edge) run(c *Config, fn func(ctx context.Context, o Opened) error) error {
-	ctx, cancel := context.WithTimeout(context.Background(), c.Timeout)
+	parent := e.ctx
+	if parent == nil {
+		parent = context.Background()
+	}
+	ctx, cancel := context.WithTimeout(parent, c.Timeout)
 	defer cancel()
 	open := e.Open
 	if open == nil {
@@ -197,7 +210,7 @@ func attachment(c *Config, args *skel.CmdArgs) portalloc.EndpointID {
 // ports added under "portMappings" (see publishedResult). The chosen ports
 // are also logged on stderr and kept in the store (see README).
 func (e Edge) Add(args *skel.CmdArgs) error {
-	c, err := Load(args.StdinData, args.Args)
+	c, err := load(args.StdinData, args.Args, e.hostname)
 	if err == nil {
 		err = checkAttachment(c, args)
 	}
@@ -313,7 +326,7 @@ func (e Edge) log(id portalloc.EndpointID, c *Config, pub Published) {
 
 // Del is the DEL verb. It needs neither mappings nor prevResult.
 func (e Edge) Del(args *skel.CmdArgs) error {
-	c, err := Load(args.StdinData, args.Args)
+	c, err := load(args.StdinData, args.Args, e.hostname)
 	if err == nil {
 		err = checkAttachment(c, args)
 	}
@@ -328,7 +341,7 @@ func (e Edge) Del(args *skel.CmdArgs) error {
 
 // Check is the CHECK verb.
 func (e Edge) Check(args *skel.CmdArgs) error {
-	c, err := Load(args.StdinData, args.Args)
+	c, err := load(args.StdinData, args.Args, e.hostname)
 	if err == nil {
 		err = checkAttachment(c, args)
 	}
@@ -345,7 +358,7 @@ func (e Edge) Check(args *skel.CmdArgs) error {
 
 // GC is the GC verb (CNI 1.1).
 func (e Edge) GC(args *skel.CmdArgs) error {
-	c, err := Load(args.StdinData, args.Args)
+	c, err := load(args.StdinData, args.Args, e.hostname)
 	if err != nil {
 		return wire(err)
 	}
@@ -369,7 +382,7 @@ func (e Edge) GC(args *skel.CmdArgs) error {
 // Status is the STATUS verb (CNI 1.1): code 50 when ADD cannot be served
 // (store unreachable, no packet filter tool, its table unreadable).
 func (e Edge) Status(args *skel.CmdArgs) error {
-	c, err := Load(args.StdinData, args.Args)
+	c, err := load(args.StdinData, args.Args, e.hostname)
 	if err != nil {
 		return wire(err)
 	}

@@ -131,7 +131,11 @@ const DefaultTimeout = 30 * time.Second
 const MaxConfig = 4 << 20
 
 // Load parses and validates stdin and CNI_ARGS.
-func Load(stdin []byte, cniArgs string) (*Config, error) {
+func Load(stdin []byte, cniArgs string) (*Config, error) { return load(stdin, cniArgs, "") }
+
+// load is Load with the plugin's hostname given, the host a configuration
+// without one means ("": this machine's).
+func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 	if len(stdin) > MaxConfig {
 		return nil, badConfig("network configuration of %d bytes is larger than %d bytes", len(stdin), MaxConfig)
 	}
@@ -154,7 +158,11 @@ func Load(stdin []byte, cniArgs string) (*Config, error) {
 	default:
 		return nil, badConfig("mode %q: want host or ingress", n.Mode)
 	}
-	host, err := storeconfig.HostName(n.Host)
+	host := n.Host
+	if host == "" {
+		host = hostname
+	}
+	host, err := storeconfig.HostName(host)
 	if err != nil {
 		return nil, badConfig("host: %v", err)
 	}

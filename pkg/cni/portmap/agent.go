@@ -1,0 +1,111 @@
+package portmap
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/ringipam/ringipam/pkg/agentapi"
+	"github.com/ringipam/ringipam/pkg/hostlock"
+	"github.com/ringipam/ringipam/pkg/portalloc"
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
+)
+
+// Whole invocations through the host agent (package agentapi), as
+// ipam-ring's: on an etcd store the plugin sends its invocation to the
+// agent's socket and prints the answer; the agent runs the same verb
+// (AgentHandler) on its open store, with the data path of its own network
+// namespace (the host's: the agent runs there, as the runtime does). The
+// local store needs no agent.
+
+// via runs verb here, or through the host agent when ToAgent is set and
+// the configuration's store is etcd.
+func (e Edge) via(command string, verb func(*skel.CmdArgs) error) func(*skel.CmdArgs) error {
+	return func(args *skel.CmdArgs) error {
+		if !e.ToAgent {
+			return verb(args)
+		}
+		c, err := Load(args.StdinData, args.Args)
+		if err != nil {
+			return wire(err)
+		}
+		if c.Store.Type != storeconfig.TypeEtcd {
+			return verb(args)
+		}
+		host, _ := os.Hostname()
+		req := &agentapi.Request{Plugin: agentapi.PluginPortmap, Command: command, ContainerID: args.ContainerID, Netns: args.Netns,
+			IfName: args.IfName, Args: args.Args, Path: args.Path, Hostname: host, TimeoutMS: c.Timeout.Milliseconds(), Stdin: args.StdinData}
+		out, err := agentapi.Forward(context.Background(), c.Store.Socket(), c.Store.DelQueueDir(), req, e.stderr())
+		if len(out) > 0 {
+			w := e.Stdout
+			if w == nil {
+				w = os.Stdout
+			}
+			if _, werr := w.Write(out); werr != nil && err == nil {
+				return types.NewError(types.ErrIOFailure, fmt.Sprintf("writing the result: %v", werr), "")
+			}
+		}
+		return err
+	}
+}
+
+// AgentHandler runs portmap-ingress's invocations in the host agent, on
+// the agent's open store. As ipam-ring's (ipamring.AgentHandler): a
+// configuration that does not load fails with code 7, one naming another
+// store than the agent's with code 11. What the verb logs (the chosen
+// ports) goes back to the plugin, which writes it to its stderr.
+type AgentHandler struct {
+	// Store is the agent's open store; Config describes it.
+	Store  store.Store
+	Config storeconfig.Config
+	// Locks is where the attachments' locks are kept (the plugins' own
+	// directory); empty means hostlock.DefaultDir.
+	Locks hostlock.Dir
+}
+
+var _ agentapi.Handler = AgentHandler{}
+
+// Serve implements agentapi.Handler.
+func (h AgentHandler) Serve(ctx context.Context, req *agentapi.Request) agentapi.Answer {
+	var stdout, stderr bytes.Buffer
+	e := Edge{Stdout: &stdout, Stderr: &stderr, Locks: h.Locks, ctx: ctx, hostname: req.Hostname}
+	verbs := map[string]func(*skel.CmdArgs) error{"ADD": e.Add, "DEL": e.Del, "CHECK": e.Check, "GC": e.GC, "STATUS": e.Status}
+	verb := verbs[req.Command]
+	if verb == nil {
+		return agentapi.Answer{Error: fmt.Sprintf("portmap-ingress has no command %q", req.Command)}
+	}
+	c, err := load(req.Stdin, req.Args, req.Hostname)
+	if err != nil {
+		return agentapi.Answer{CNIError: CNIError(err)}
+	}
+	if !h.Config.SameStore(c.Store) {
+		return agentapi.Answer{CNIError: types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
+			"portmap-ingress: the configuration's store is %s, but this host's agent serves %s: point the configuration at the agent's cluster or run the agent of this one",
+			c.Store.Describe(), h.Config.Describe()), "")}
+	}
+	e.Open = func(_ context.Context, c *Config) (Opened, error) {
+		a, err := portalloc.New(h.Store, c.Host, portalloc.WithDynamicRange(c.Lo, c.Hi), portalloc.WithRetry(contentionRetry()))
+		if err != nil {
+			return Opened{}, fmt.Errorf("%w: %w", ErrBadConfig, err)
+		}
+		dp, err := NewDataplane(c.Dataplane, c.Table)
+		if err != nil && !errors.Is(err, ErrNoDataplane) {
+			return Opened{}, err
+		}
+		return Opened{Ports: a, Dataplane: dp, Ping: func(ctx context.Context) error { return store.Ping(ctx, h.Store) },
+			Close: func() error { return nil }}, nil
+	}
+	var a agentapi.Answer
+	if err := verb(&skel.CmdArgs{ContainerID: req.ContainerID, Netns: req.Netns, IfName: req.IfName,
+		Args: req.Args, Path: req.Path, StdinData: req.Stdin}); err != nil {
+		a.CNIError = CNIError(err)
+	}
+	a.Stdout, a.Stderr = stdout.Bytes(), stderr.Bytes()
+	return a
+}
