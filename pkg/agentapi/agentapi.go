@@ -56,13 +56,6 @@ import (
 // agent or plugin of the version before would misread takes the next one.
 const Version = 1
 
-// Defaults shared by the plugins (through the store object's agentSocket
-// and delQueue keys) and the agent.
-const (
-	DefaultSocket   = "/run/ringipam/agent.sock"
-	DefaultDelQueue = "/var/lib/ringipam/del-queue"
-)
-
 // Plugin names a Request may carry.
 const (
 	PluginIPAM    = "ipam-ring"

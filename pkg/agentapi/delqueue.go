@@ -41,8 +41,9 @@ const (
 	tempPrefix  = ".tmp-"
 )
 
-// DelQueue is a directory of DELs that could not reach the agent. The
-// zero value is not usable: make one with a directory (DefaultDelQueue).
+// DelQueue is a directory of DELs that could not reach the agent (the
+// store object's "delQueue", default /var/lib/ringipam/del-queue). The
+// zero value is not usable: set Dir.
 // Several processes may Put and Drain at once: each entry is written
 // whole by rename, and Drain removes an entry only when it still holds
 // what Drain ran.

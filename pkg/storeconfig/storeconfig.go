@@ -39,7 +39,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ringipam/ringipam/pkg/agentapi"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store/local"
@@ -136,6 +135,10 @@ type Config struct {
 	DelQueue string `json:"delQueue,omitempty"`
 }
 
+// DefaultDelQueue is the DEL queue's directory of an etcd store when
+// Config.DelQueue is empty.
+const DefaultDelQueue = "/var/lib/ringipam/del-queue"
+
 // DelQueueDir returns the DEL queue's directory of an etcd store, its
 // default applied ("" for a local store, which needs no agent).
 func (c Config) DelQueueDir() string {
@@ -143,7 +146,7 @@ func (c Config) DelQueueDir() string {
 	case c.Type != TypeEtcd:
 		return ""
 	case c.DelQueue == "":
-		return agentapi.DefaultDelQueue
+		return DefaultDelQueue
 	}
 	return c.DelQueue
 }
