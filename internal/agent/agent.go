@@ -103,6 +103,8 @@ type Agent struct {
 
 	held     func() bool
 	nameLost atomic.Bool // another instance holds this host's liveness key now
+	// drainFailed is how many queued DELs the last drain left failed.
+	drainFailed atomic.Int64
 	// readopt: a lease was taken since the last successful Readopt (the
 	// next heartbeat runs it; see pool.Allocator.Readopt).
 	readopt  atomic.Bool
@@ -758,8 +760,12 @@ func (a *Agent) drain(ctx context.Context, hs agentapi.Handlers, limit time.Dura
 	}
 	a.metrics.delQueue.WithLabelValues("ok").Add(float64(rep.Done))
 	a.metrics.delQueue.WithLabelValues("failed").Add(float64(rep.Failed))
-	if rep.Done > 0 || rep.Failed > 0 || rep.TempRemoved > 0 {
-		a.log.Info("ran the DELs queued while no agent answered", "dir", q.Dir, "done", rep.Done, "failed", rep.Failed,
-			"tempFilesRemoved", rep.TempRemoved, "errs", errors.Join(rep.Errs...))
+	if rep.Done > 0 || rep.TempRemoved > 0 {
+		a.log.Info("ran the DELs queued while no agent answered", "dir", q.Dir, "done", rep.Done, "tempFilesRemoved", rep.TempRemoved)
+	}
+	// Failures are said when their number changes, not on every drain.
+	if last := a.drainFailed.Swap(int64(rep.Failed)); rep.Failed > 0 && int64(rep.Failed) != last {
+		a.log.Warn("queued DELs failed; they stay queued and are tried again every sync interval", "dir", q.Dir,
+			"failed", rep.Failed, "errs", errors.Join(rep.Errs...))
 	}
 }

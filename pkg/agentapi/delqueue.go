@@ -63,14 +63,16 @@ func Key(req *Request) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// Put queues req (a DEL): written to a temporary file in the directory
+// Put queues req (a DEL), stamped with this package's Version: written to a temporary file in the directory
 // (created 0700 if missing), fsynced, renamed to its entry's name, and the
 // directory fsynced. When Put returns nil the entry survives a crash.
 func (q DelQueue) Put(req *Request) error {
 	if req.Command != "DEL" {
 		return fmt.Errorf("only DEL is queued, not %q", req.Command)
 	}
-	b, err := json.Marshal(req)
+	entry := *req
+	entry.Version = Version // the entry is in this writer's protocol
+	b, err := json.Marshal(&entry)
 	if err != nil {
 		return fmt.Errorf("DEL queue %s: %w", q.Dir, err)
 	}

@@ -46,7 +46,7 @@ func serve(t *testing.T, srv *agentapi.Server) *served {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.Log = t.Logf
+	srv.Log = func(msg string, args ...any) { t.Log(append([]any{msg}, args...)...) }
 	srv.OnCall = func(plugin, command string, a *agentapi.Answer) {
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -297,6 +297,12 @@ func TestNoAgent(t *testing.T) {
 	}
 	if !strings.Contains(notes.String(), "the DEL is queued in "+filepath.Join(dir, "q")) {
 		t.Fatalf("notes %q do not say where the DEL was queued", notes.String())
+	}
+	// What Forward queued is what an agent of this version runs.
+	h := &recorder{}
+	rep, err := agentapi.DelQueue{Dir: filepath.Join(dir, "q")}.Drain(context.Background(), h)
+	if err != nil || rep.Done != 2 || rep.Failed != 0 {
+		t.Fatalf("drain of what Forward queued: %+v, %v; want 2 done", rep, err)
 	}
 }
 

@@ -45,7 +45,7 @@ func startAgentSocket(t *testing.T, st store.Store) (string, *countingHandler) {
 	}
 	cfg := storeconfig.Config{Type: storeconfig.TypeEtcd, Endpoints: []string{agentEndpoint}}
 	h := &countingHandler{AgentHandler: AgentHandler{Store: st, Config: cfg, HostLocks: hostlock.Dir(t.TempDir())}}
-	srv := &agentapi.Server{Handlers: agentapi.Handlers{agentapi.PluginIPAM: h}, PeerUID: uint32(os.Geteuid()), Log: t.Logf}
+	srv := &agentapi.Server{Handlers: agentapi.Handlers{agentapi.PluginIPAM: h}, PeerUID: uint32(os.Geteuid()), Log: func(msg string, args ...any) { t.Log(append([]any{msg}, args...)...) }}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, l) }()
