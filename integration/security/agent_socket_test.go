@@ -165,7 +165,7 @@ func ncAs(t *testing.T, socket, line string, asRoot bool, caps ...uintptr) (stdo
 	return out.String(), errb.String()
 }
 
-// The store socket is mode 0600 and owned by root, and only root's
+// The agent's socket is mode 0600 and owned by root, and only root's
 // processes are served: a process of another uid is stopped by the mode,
 // and one that passes the mode (CAP_DAC_OVERRIDE) is refused by its peer
 // credentials -- closed unanswered, logged and counted.
@@ -177,21 +177,21 @@ func TestAgentSocketServesRootOnly(t *testing.T) {
 	}
 	st := fi.Sys().(*syscall.Stat_t)
 	if fi.Mode().Perm() != 0o600 || st.Uid != 0 {
-		t.Fatalf("store socket mode %v owner uid %d, want 0600 and 0", fi.Mode().Perm(), st.Uid)
+		t.Fatalf("agent socket mode %v owner uid %d, want 0600 and 0", fi.Mode().Perm(), st.Uid)
 	}
-	const refusedPeers = `ringipam_store_socket_refused_total{reason="peer"}`
-	// Every peer sends this; the agent answers it (a refusal naming the
-	// cluster it serves) to any process it serves at all.
-	const hello = `{"op":"hello"}`
+	const refusedPeers = `ringipam_agent_socket_refused_total{reason="peer"}`
+	// Every peer sends this agent API request; the agent answers it (a
+	// refusal: no such plugin) to any process it serves at all.
+	const hello = `{"version":1,"plugin":"nobody","command":"STATUS","stdin":null}`
 
 	// Root: served (the control: an answer comes back).
-	if out, errOut := ncAs(t, a.socket, hello, true); !strings.Contains(out, "this agent serves prefix") {
+	if out, errOut := ncAs(t, a.socket, hello, true); !strings.Contains(out, `serves no plugin \"nobody\"`) {
 		t.Fatalf("root was not answered: out %q, err %q", out, errOut)
 	}
 	// Another uid: the socket's mode stops it at connect.
 	out, errOut := ncAs(t, a.socket, hello, false)
 	if out != "" || !strings.Contains(errOut, "Permission denied") {
-		t.Fatalf("uid 65534 on the store socket: out %q, err %q; want permission denied", out, errOut)
+		t.Fatalf("uid 65534 on the agent socket: out %q, err %q; want permission denied", out, errOut)
 	}
 	if n := a.metric(t, refusedPeers); n != 0 {
 		t.Fatalf("%s = %v after a client the mode stopped, want 0", refusedPeers, n)
@@ -232,7 +232,7 @@ func TestAgentSocketSurvivesHostileClients(t *testing.T) {
 	// Two clients that stall: one silent, one half-way through a request.
 	dial()
 	half := dial()
-	if _, err := half.Write([]byte(`{"op":"invoke","timeoutMs":10000,"invocation":{"command":"ADD","stdin":"`)); err != nil {
+	if _, err := half.Write([]byte(`{"version":1,"plugin":"ipam-ring","command":"ADD","timeoutMs":10000,"stdin":"`)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -263,17 +263,31 @@ func TestAgentSocketSurvivesHostileClients(t *testing.T) {
 		"not json at all",
 		"\x00\x01\x02\xff\xfe\xfd",
 		"12345",
-		`{"op":"invoke","invocation":{"command":"ADD","stdin":"%%% not base64 %%%"}}`,
+		`{"version":1,"plugin":"ipam-ring","command":"ADD","stdin":"%%% not base64 %%%"}`,
 		strings.Repeat("[", 20000) + strings.Repeat("]", 20000),
 	}
-	// Well-formed but wrong: answered with a refusal, then closed.
-	wrong := []string{
-		`{"op":"get","keys":["YQ=="]}`, // before hello
-		`{"op":"invoke"}`,              // no invocation
-		`{"op":"invoke","invocation":{"command":"NOPE","stdin":""}}`,
-		`{"op":"hello","identity":{"prefix":"/elsewhere/","endpoints":["127.0.0.1:1"]}}`,
+	// Well-formed but wrong: answered with a refusal or a CNI error
+	// (saying what), then closed.
+	otherCluster := func() string {
+		var c map[string]any
+		if err := json.Unmarshal(a.conf(t), &c); err != nil {
+			t.Fatal(err)
+		}
+		c["ipam"].(map[string]any)["store"].(map[string]any)["prefix"] = "/elsewhere/"
+		b, _ := json.Marshal(c)
+		line, _ := json.Marshal(map[string]any{"version": 1, "plugin": "ipam-ring", "command": "ADD", "containerId": "c1",
+			"ifName": "eth0", "netns": cnitest.NoNetNS, "stdin": b})
+		return string(line)
 	}
-	for _, line := range append(malformed, wrong...) {
+	wrong := map[string]string{
+		`{}`: "speaks agent API v1, the plugin sent v0",
+		`{"version":2,"plugin":"ipam-ring","command":"ADD","stdin":null}`: "speaks agent API v1, the plugin sent v2",
+		`{"version":1,"plugin":"dhcp","command":"ADD","stdin":null}`:      `serves no plugin \"dhcp\"`,
+		`{"version":1,"plugin":"ipam-ring","command":"NOPE","stdin":""}`:  `has no command \"NOPE\"`,
+		`{"version":1,"plugin":"ipam-ring","command":"ADD","stdin":null}`: `"code":7`,
+		otherCluster(): "this host's agent serves",
+	}
+	exchange := func(line string) string {
 		c := dial()
 		if _, err := c.Write([]byte(line + "\n")); err != nil {
 			t.Fatalf("%.40q: %v", line, err)
@@ -284,6 +298,17 @@ func TestAgentSocketSurvivesHostileClients(t *testing.T) {
 			t.Fatalf("after %.40q the agent kept the connection open (read: %v, got %q)", line, err, got)
 		}
 		c.Close()
+		return string(got)
+	}
+	for _, line := range malformed {
+		if got := exchange(line); got != "" {
+			t.Fatalf("malformed %.40q was answered %q, want the connection closed unanswered", line, got)
+		}
+	}
+	for line, says := range wrong {
+		if got := exchange(line); !strings.Contains(got, says) || !strings.Contains(got, `"version":1`) {
+			t.Fatalf("%.60q was answered %q, want a v1 answer saying %s", line, got, says)
+		}
 	}
 
 	// While the stalled clients (and perhaps the huge one) are connected,
@@ -302,11 +327,14 @@ func TestAgentSocketSurvivesHostileClients(t *testing.T) {
 	case <-time.After(3 * time.Minute):
 		t.Fatal("the huge line's writer did not finish within 3 minutes")
 	}
-	if n := a.metric(t, `ringipam_store_socket_refused_total{reason="too-large"}`); n != 1 {
+	if n := a.metric(t, `ringipam_agent_socket_refused_total{reason="too-large"}`); n != 1 {
 		t.Fatalf("too-large refusals %v, want 1", n)
 	}
-	if n := a.metric(t, `ringipam_store_socket_refused_total{reason="malformed"}`); n != float64(len(malformed)) {
+	if n := a.metric(t, `ringipam_agent_socket_refused_total{reason="malformed"}`); n != float64(len(malformed)) {
 		t.Fatalf("malformed refusals %v, want %d", n, len(malformed))
+	}
+	if n := a.metric(t, `ringipam_agent_socket_refused_total{reason="version"}`); n != 2 {
+		t.Fatalf("version refusals %v, want 2", n)
 	}
 
 	// The stalled clients are still connected; the agent is alive and

@@ -119,7 +119,7 @@ func TestBadNamesRefusedByIPAMRing(t *testing.T) {
 }
 
 // invokeRaw sends one whole invocation to the agent's socket as a plugin
-// would, bypassing the plugin's own checks of CNI_CONTAINERID and
+// would (an agent API request of ipam-ring), bypassing the plugin's own checks of CNI_CONTAINERID and
 // CNI_IFNAME, and returns the answer line.
 func invokeRaw(t *testing.T, socket string, inv map[string]any) string {
 	t.Helper()
@@ -128,7 +128,11 @@ func invokeRaw(t *testing.T, socket string, inv map[string]any) string {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	b, err := json.Marshal(map[string]any{"op": "invoke", "timeoutMs": 10000, "invocation": inv})
+	req := map[string]any{"version": 1, "plugin": "ipam-ring", "timeoutMs": 10000}
+	for k, v := range inv {
+		req[k] = v
+	}
+	b, err := json.Marshal(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,9 +148,8 @@ func invokeRaw(t *testing.T, socket string, inv map[string]any) string {
 }
 
 // Invocations sent straight to the agent's socket with bad names get the
-// same refusal as the plugin gives (code 7 naming the field), or the
-// agent leaves them to the plugin (a configuration it cannot read); either
-// way nothing reaches the store.
+// same refusal as the plugin gives (code 7 naming the field); nothing
+// reaches the store.
 func TestBadNamesRefusedByTheAgent(t *testing.T) {
 	a := startAgent(t)
 	stdin := func(network string) string {
@@ -165,38 +168,27 @@ func TestBadNamesRefusedByTheAgent(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		inv   map[string]any
-		field string // "" when the agent leaves the call to the plugin
+		field string
 	}{
 		{"container ID with a slash", inv("sec-agent", "../victim", "eth0", ""), "container ID"},
 		{"container ID empty", inv("sec-agent", "", "eth0", ""), "container ID"},
 		{"interface name with a colon", inv("sec-agent", "c1", "eth:0", ""), "interface name"},
 		{"interface name over 15 bytes", inv("sec-agent", "c1", "eth0123456789abc", ""), "interface name"},
-		{"network with a slash", inv("a/b", "c1", "eth0", ""), ""},
-		{"reservation like a path", inv("sec-agent", "c1", "eth0", "RESERVATION=../x"), ""},
+		{"network with a slash", inv("a/b", "c1", "eth0", ""), "network name"},
+		{"reservation like a path", inv("sec-agent", "c1", "eth0", "RESERVATION=../x"), "reservation name"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			line := invokeRaw(t, a.socket, tc.inv)
 			var ans struct {
-				Outcome *struct {
-					Error json.RawMessage `json:"error"`
-				} `json:"outcome"`
-				Error *struct {
-					Kind string `json:"kind"`
-				} `json:"error"`
+				CNIError json.RawMessage `json:"cniError"`
 			}
 			if err := json.Unmarshal([]byte(line), &ans); err != nil {
 				t.Fatalf("answer %q: %v", line, err)
 			}
-			if tc.field == "" {
-				if ans.Error == nil || ans.Error.Kind != "refused" {
-					t.Fatalf("answer %s, want the invocation left to the plugin (refused)", line)
-				}
-				return
-			}
-			if ans.Outcome == nil || len(ans.Outcome.Error) == 0 {
+			if len(ans.CNIError) == 0 {
 				t.Fatalf("answer %s, want a CNI error", line)
 			}
-			code, msg := cniCode(t, result{stdout: ans.Outcome.Error})
+			code, msg := cniCode(t, result{stdout: ans.CNIError})
 			if code != 7 || !strings.Contains(msg, tc.field) {
 				t.Fatalf("code %d %q, want 7 naming the %s", code, msg, tc.field)
 			}
