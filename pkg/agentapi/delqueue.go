@@ -14,7 +14,9 @@ import (
 	"time"
 )
 
-// Bounds of the DEL queue. A DEL that finds the queue full, or is larger
+// Bounds of the DEL queue (the count is checked before each new entry
+// without a lock, so DELs written at the same moment may pass it by a
+// few). A DEL that finds the queue full, or is larger
 // than an entry may be, is not queued: it fails with code 11 and says so,
 // and the runtime retries it (as it retries any failed DEL). Failing is
 // chosen over dropping an entry: a dropped DEL would leak its address

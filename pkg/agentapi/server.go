@@ -201,14 +201,19 @@ func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	}
 	callCtx, cancel := context.WithTimeout(ctx, req.Timeout())
 	defer cancel()
-	// The plugin sends nothing more: a read that ends means it closed the
-	// connection (the runtime killed it), and the call is cancelled.
+	// The plugin sends nothing more (bytes it sends anyway are dropped): a
+	// read that ends means it closed the connection (the runtime killed
+	// it), and the call is cancelled. After the call the deferred deadline
+	// ends the read; that cancel comes too late to matter.
 	gone := make(chan struct{})
 	_ = c.SetReadDeadline(time.Time{})
 	go func() {
 		defer close(gone)
-		if _, err := r.ReadByte(); err != nil {
-			cancel()
+		for {
+			if _, err := r.ReadByte(); err != nil {
+				cancel()
+				return
+			}
 		}
 	}()
 	defer func() {
