@@ -83,6 +83,12 @@ func (e Edge) call(command string, args *skel.CmdArgs) error {
 		return wire(err)
 	}
 	if e.ToAgent && c.Store.Type == storeconfig.TypeEtcd {
+		// The names first, as dispatch checks them: a DEL with a bad name
+		// must fail here (7), not be queued for an agent that would
+		// refuse it every time.
+		if err := checkNames(command, c, args); err != nil {
+			return err
+		}
 		return e.forward(command, c, args)
 	}
 	return e.dispatch(context.Background(), command, c, args)
@@ -92,13 +98,22 @@ func (e Edge) call(command string, args *skel.CmdArgs) error {
 // the attachment passed pkg/names' rules (code 7 otherwise, before any
 // store work). GC and STATUS name no attachment.
 func (e Edge) dispatch(ctx context.Context, command string, c *Config, args *skel.CmdArgs) error {
+	if err := checkNames(command, c, args); err != nil {
+		return err
+	}
+	return verbs[command](e, ctx, c, args)
+}
+
+// checkNames refuses (code 7) the names of the attachment of an ADD, DEL
+// or CHECK that break pkg/names' rules. GC and STATUS name no attachment.
+func checkNames(command string, c *Config, args *skel.CmdArgs) error {
 	switch command {
 	case "ADD", "DEL", "CHECK":
 		if err := names.CNI(c.Network, args.ContainerID, args.IfName); err != nil {
 			return wire(fmt.Errorf("%w: %w", ErrBadConfig, err))
 		}
 	}
-	return verbs[command](e, ctx, c, args)
+	return nil
 }
 
 // run opens the allocator for c under c's timeout (counted within

@@ -174,7 +174,8 @@ func TestForwardRefusals(t *testing.T) {
 }
 
 // Without an agent the plugin runs nothing itself: ADD fails with 11
-// naming the socket, DEL is queued in the store's delQueue.
+// naming the socket, DEL is queued in the store's delQueue (one with a bad
+// name is refused, 7, not queued).
 func TestForwardWithoutAgent(t *testing.T) {
 	dir := t.TempDir()
 	sock, queue := filepath.Join(dir, "none.sock"), filepath.Join(dir, "q")
@@ -187,6 +188,10 @@ func TestForwardWithoutAgent(t *testing.T) {
 	err := e.Add(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", Netns: "/x", StdinData: cfg})
 	if codeOf(err) != types.ErrTryAgainLater || !strings.Contains(err.Error(), sock) {
 		t.Fatalf("ADD without agent: %v, want code 11 naming %s", err, sock)
+	}
+	// A DEL with a bad name is refused here (7), not queued.
+	if err := e.Del(&skel.CmdArgs{ContainerID: "c", IfName: "eth:0", StdinData: cfg}); codeOf(err) != types.ErrInvalidNetworkConfig {
+		t.Fatalf("DEL of interface eth:0 without agent: %v, want code 7", err)
 	}
 	if err := e.Del(&skel.CmdArgs{ContainerID: "c", IfName: "eth0", StdinData: cfg}); err != nil {
 		t.Fatalf("DEL without agent: %v, want it queued", err)

@@ -38,6 +38,13 @@ func (e Edge) via(command string, verb func(*skel.CmdArgs) error) func(*skel.Cmd
 		if c.Store.Type != storeconfig.TypeEtcd {
 			return verb(args)
 		}
+		if command == "ADD" || command == "DEL" || command == "CHECK" {
+			// As the verb checks them: a DEL with a bad name fails here
+			// (7), rather than be queued for an agent that refuses it.
+			if err := checkAttachment(c, args); err != nil {
+				return wire(err)
+			}
+		}
 		host, _ := os.Hostname()
 		req := &agentapi.Request{Plugin: agentapi.PluginPortmap, Command: command, ContainerID: args.ContainerID, Netns: args.Netns,
 			IfName: args.IfName, Args: args.Args, Path: args.Path, Hostname: host, TimeoutMS: c.Timeout.Milliseconds(), Stdin: args.StdinData}
