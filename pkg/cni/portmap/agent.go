@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -74,6 +75,9 @@ type AgentHandler struct {
 	// Locks is where the attachments' locks are kept (the plugins' own
 	// directory); empty means hostlock.DefaultDir.
 	Locks hostlock.Dir
+	// Dataplane opens c's data path; nil means NewDataplane (tests set a
+	// fake).
+	Dataplane func(c *Config) (Dataplane, error)
 }
 
 var _ agentapi.Handler = AgentHandler{}
@@ -82,9 +86,7 @@ var _ agentapi.Handler = AgentHandler{}
 func (h AgentHandler) Serve(ctx context.Context, req *agentapi.Request) agentapi.Answer {
 	var stdout, stderr bytes.Buffer
 	e := Edge{Stdout: &stdout, Stderr: &stderr, Locks: h.Locks, ctx: ctx, hostname: req.Hostname}
-	verbs := map[string]func(*skel.CmdArgs) error{"ADD": e.Add, "DEL": e.Del, "CHECK": e.Check, "GC": e.GC, "STATUS": e.Status}
-	verb := verbs[req.Command]
-	if verb == nil {
+	if !slices.Contains([]string{"ADD", "DEL", "CHECK", "GC", "STATUS"}, req.Command) {
 		return agentapi.Answer{Error: fmt.Sprintf("portmap-ingress has no command %q", req.Command)}
 	}
 	c, err := load(req.Stdin, req.Args, req.Hostname)
@@ -101,13 +103,20 @@ func (h AgentHandler) Serve(ctx context.Context, req *agentapi.Request) agentapi
 		if err != nil {
 			return Opened{}, fmt.Errorf("%w: %w", ErrBadConfig, err)
 		}
-		dp, err := NewDataplane(c.Dataplane, c.Table)
+		open := h.Dataplane
+		if open == nil {
+			open = func(c *Config) (Dataplane, error) { return NewDataplane(c.Dataplane, c.Table) }
+		}
+		dp, err := open(c)
 		if err != nil && !errors.Is(err, ErrNoDataplane) {
 			return Opened{}, err
 		}
 		return Opened{Ports: a, Dataplane: dp, Ping: func(ctx context.Context) error { return store.Ping(ctx, h.Store) },
 			Close: func() error { return nil }}, nil
 	}
+	// The verbs are bound to e now that it is complete (method values
+	// copy their receiver).
+	verb := map[string]func(*skel.CmdArgs) error{"ADD": e.Add, "DEL": e.Del, "CHECK": e.Check, "GC": e.GC, "STATUS": e.Status}[req.Command]
 	var a agentapi.Answer
 	if err := verb(&skel.CmdArgs{ContainerID: req.ContainerID, Netns: req.Netns, IfName: req.IfName,
 		Args: req.Args, Path: req.Path, StdinData: req.Stdin}); err != nil {
