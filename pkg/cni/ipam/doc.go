@@ -1,6 +1,6 @@
 // Package ipam is the verb code of the ipam-ring CNI IPAM plugin, imported
 // by the plugin's main (plugins/ipam-ring), the host agent (which runs
-// forwarded calls with it) and ringctl. It parses and validates the
+// the plugin's invocations with it on etcd) and ringctl. It parses and validates the
 // plugin's configuration once, at the door (Load, encoding/json), and runs
 // the five CNI verbs (Add, Del, Check, GC, Status) against a pool
 // allocator, returning results instead of printing them. Edge is the thin
@@ -33,11 +33,13 @@
 //   - Status fails with code 50 when the store cannot be reached, a pool's
 //     recorded definition differs, or a pool has no free address.
 //   - Every store call runs under the configured timeout (default 30s).
-//   - Through the host agent (forward.go): an Edge with ToAgent set sends an
-//     etcd configuration's invocation to the agent's socket first, and the
-//     agent (AgentInvoker) runs the same verb on its own store; the outcome
-//     printed is the one the plugin would have printed. The plugin runs the
-//     call itself whenever the agent does not serve it.
+//   - Through the host agent (forward.go, package agentapi): an Edge with
+//     ToAgent set sends an etcd configuration's whole invocation to the
+//     agent's socket, and the agent (AgentHandler) runs the same verb on its
+//     own store; what the plugin prints is the agent's answer. The plugin
+//     never reaches etcd itself: without an agent ADD, CHECK, GC and STATUS
+//     fail with code 11 naming the socket, and DEL is queued on disk for the
+//     agent. A local store needs no agent: the plugin runs the verb itself.
 //
 // The functions are safe for concurrent use; the configuration values they
 // take are not modified.

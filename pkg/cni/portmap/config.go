@@ -18,6 +18,14 @@
 // maps errors to CNI codes (errors.go). Load decodes the configuration with
 // encoding/json, leniently: it is the plugin's entry of a conflist, whose
 // keys include the runtime's.
+//
+// On etcd the plugin does no store or packet-filter work itself: an Edge
+// with ToAgent set sends the whole invocation to the host agent (package
+// agentapi; agent.go), whose AgentHandler runs the same verb on the
+// agent's store and data path (the agent runs in the host's network
+// namespace) and answers what the plugin prints and logs. Without an agent
+// ADD, CHECK, GC and STATUS fail with code 11 naming the socket, and DEL is
+// queued on disk for the agent. A local store needs no agent.
 package portmap
 
 import (
