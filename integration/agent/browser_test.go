@@ -33,10 +33,13 @@ func TestStatusPageInABrowser(t *testing.T) {
 	c := newCluster(t)
 	pools := map[string]string{"ag-web": "198.18.60.0/25", "ag-db": "198.18.61.0/26"}
 	hostsOf := map[string][]string{"ag-web": {"node-1", "node-2", "node-3"}, "ag-db": {"node-1", "node-2", "gone-4"}}
+	// node-1's agent runs the plugins' calls (of every host: the test's
+	// hosts are names in the store).
+	ag := startAgent(t, c.agentConfig("node-1"))
 	for network, subnet := range pools {
 		for i, h := range hostsOf[network] {
 			for j := range i + 2 {
-				if _, err := cnitest.ExecIPAM("ADD", ipamConf(t, network, h, subnet, c.storeObj(""), nil), fmt.Sprintf("%s-%s-%d", network, h, j), ""); err != nil {
+				if _, err := cnitest.ExecIPAM("ADD", ipamConf(t, network, h, subnet, ag.store(c.storeObj("")), nil), fmt.Sprintf("%s-%s-%d", network, h, j), ""); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -47,7 +50,6 @@ func TestStatusPageInABrowser(t *testing.T) {
 	if _, err := op.Reclaim(context.Background(), "gone-4", pool.ReclaimOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	ag := startAgent(t, c.agentConfig("node-1"))
 	waitFor(t, 10*time.Second, "a snapshot", func() (bool, string) {
 		page, code, err := httpGet(ag.url + "/")
 		return err == nil && code == 200 && strings.Count(page, `<svg class="ring"`) == 2, page

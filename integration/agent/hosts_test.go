@@ -22,14 +22,15 @@ import (
 func TestKilledAgentLeavesItsHostDownNotOrphaned(t *testing.T) {
 	c := newCluster(t)
 	const host = "killed-host"
-	conf := ipamConf(t, "ag-kill", host, "198.18.40.0/24", c.storeObj(""), nil)
+	listen := freePort(t)
+	b := startBinary(t, nil, "--host", host, "--addr", "198.18.40.250", "--store", "etcd", "--etcd-endpoints", c.etcd.Endpoints()[0],
+		"--store-prefix", c.prefix, "--lease-ttl", "2s", "--heartbeat", "500ms", "--listen", listen, "--ingress=false")
+	waitSocket(t, b.socket)
+	conf := ipamConf(t, "ag-kill", host, "198.18.40.0/24", b.store(c.storeObj("")), nil)
 	res, err := cnitest.ExecIPAM("ADD", conf, "ctr-1", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	listen := freePort(t)
-	b := startBinary(t, nil, "--host", host, "--addr", "198.18.40.250", "--store", "etcd", "--etcd-endpoints", c.etcd.Endpoints()[0],
-		"--store-prefix", c.prefix, "--lease-ttl", "2s", "--heartbeat", "500ms", "--listen", listen, "--ingress=false")
 	inspect := c.allocator(t, "inspector", nil)
 	waitFor(t, 20*time.Second, "the agent's host up", func() (bool, string) {
 		h, _ := stateOf(t, inspect, host, 0)
@@ -59,6 +60,11 @@ func TestKilledAgentLeavesItsHostDownNotOrphaned(t *testing.T) {
 	if err != nil || len(reports) != 0 {
 		t.Fatalf("sweep of a host down for seconds: %+v %v", reports, err)
 	}
+	// Another host's agent checks the down host's container: intact.
+	checker := startBinary(t, nil, "--host", "checker-host", "--store", "etcd", "--etcd-endpoints", c.etcd.Endpoints()[0],
+		"--store-prefix", c.prefix, "--listen", "off", "--ingress=false", "--sweep=false")
+	waitSocket(t, checker.socket)
+	conf = ipamConf(t, "ag-kill", host, "198.18.40.0/24", checker.store(c.storeObj("")), nil)
 	if _, err := cnitest.ExecIPAM("CHECK", withPrev(t, conf, res.IPs[0].Address.IP.String(), "198.18.40.0/24"), "ctr-1", ""); err != nil {
 		t.Fatalf("CHECK of the down host's container: %v", err)
 	}
@@ -79,7 +85,15 @@ func TestOrphanedHostIsReclaimedByTheAgents(t *testing.T) {
 	c := newCluster(t)
 	const subnet = "198.18.41.0/26"
 	network := "ag-orphan"
-	conf := func(host string) []byte { return ipamConf(t, network, host, subnet, c.storeObj(""), nil) }
+	// The plugins' calls (of every host: the test's hosts are names in the
+	// store, their agents run in this process) go through one agent of
+	// their own, which sweeps nothing.
+	plugins := startBinary(t, nil, "--host", "plugins-host", "--store", "etcd", "--etcd-endpoints", c.etcd.Endpoints()[0],
+		"--store-prefix", c.prefix, "--listen", "off", "--ingress=false", "--sweep=false")
+	waitSocket(t, plugins.socket)
+	conf := func(host string) []byte {
+		return ipamConf(t, network, host, subnet, plugins.store(c.storeObj("")), nil)
+	}
 	held := map[string][]string{}
 	for _, h := range []string{"host-a", "host-b"} {
 		for i := range 3 {

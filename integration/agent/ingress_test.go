@@ -53,8 +53,10 @@ func TestIngressPortReachableThroughEveryHost(t *testing.T) {
 			t.Fatal(err)
 		}
 		h.cni = cnitest.NewCNI(t, dir)
-		startBinary(t, h.ns, "--host", name, "--addr", h.ip, "--store", "etcd", "--etcd-endpoints", h.st["endpoints"].([]string)[0],
+		b := startBinary(t, h.ns, "--host", name, "--addr", h.ip, "--store", "etcd", "--etcd-endpoints", h.st["endpoints"].([]string)[0],
 			"--store-prefix", c.prefix, "--lease-ttl", "3s", "--sync-interval", "300ms", "--listen", "off", "--log-level", "debug")
+		waitSocket(t, b.socket)
+		h.st = b.store(h.st) // the host's plugins go through its agent
 		hosts = append(hosts, h)
 	}
 	client := netns.New(t, "agk")

@@ -20,8 +20,13 @@ import (
 func TestLeaveOnStop(t *testing.T) {
 	c := newCluster(t)
 	const subnet = "198.18.41.0/24"
+	// The plugins' calls go through an agent of their own (the test's
+	// hosts are names in the store).
+	plugins := startBinary(t, nil, "--host", "plugins-host", "--store", "etcd", "--etcd-endpoints", c.etcd.Endpoints()[0],
+		"--store-prefix", c.prefix, "--listen", "off", "--ingress=false", "--sweep=false")
+	waitSocket(t, plugins.socket)
 	for _, h := range []string{"stay-host", "leave-host"} {
-		if _, err := cnitest.ExecIPAM("ADD", ipamConf(t, "ag-leave", h, subnet, c.storeObj(""), nil), h+"-ctr", ""); err != nil {
+		if _, err := cnitest.ExecIPAM("ADD", ipamConf(t, "ag-leave", h, subnet, plugins.store(c.storeObj("")), nil), h+"-ctr", ""); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -99,9 +100,14 @@ func (c *cluster) agentConfig(host string) agent.Config {
 
 // inProcess is an agent running in the test process.
 type inProcess struct {
-	url  string
-	stop func()
+	url    string
+	socket string // its agent socket (etcd)
+	stop   func()
 }
+
+// store is a copy of the store object st whose plugins go through this
+// agent.
+func (p *inProcess) store(st map[string]any) map[string]any { return throughAgent(st, p.socket) }
 
 // startAgent runs an agent in the test process until stop (or the test's
 // end), serving HTTP on a loopback port.
@@ -109,6 +115,7 @@ func startAgent(t *testing.T, cfg agent.Config, opts ...agent.Option) *inProcess
 	t.Helper()
 	if cfg.Store.Type == storeconfig.TypeEtcd && cfg.Store.AgentSocket == "" {
 		cfg.Store.AgentSocket = socketPath(t)
+		cfg.Store.DelQueue = delQueueOf(cfg.Store.AgentSocket)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -123,7 +130,7 @@ func startAgent(t *testing.T, cfg agent.Config, opts ...agent.Option) *inProcess
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
 	stopped := false
-	p := &inProcess{url: "http://" + l.Addr().String()}
+	p := &inProcess{url: "http://" + l.Addr().String(), socket: cfg.Store.AgentSocket}
 	p.stop = func() {
 		if stopped {
 			return
@@ -238,25 +245,46 @@ func ipamConf(t *testing.T, network, host, subnet string, st map[string]any, pre
 
 // binaryAgent is ringipamd running as its own process.
 type binaryAgent struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	log  *strings.Builder
+	cmd    *exec.Cmd
+	done   chan struct{}
+	log    *strings.Builder
+	socket string // its agent socket
 }
+
+// store is a copy of the store object st whose plugins go through this
+// agent.
+func (b *binaryAgent) store(st map[string]any) map[string]any { return throughAgent(st, b.socket) }
+
+// throughAgent is a copy of the store object st whose plugins go through
+// the agent at sock (and queue their DELs beside it).
+func throughAgent(st map[string]any, sock string) map[string]any {
+	c := maps.Clone(st)
+	c["agentSocket"], c["delQueue"] = sock, delQueueOf(sock)
+	return c
+}
+
+// delQueueOf is the DEL queue the tests give the agent of socket sock.
+func delQueueOf(sock string) string { return filepath.Join(filepath.Dir(sock), "del-queue") }
 
 // startBinary starts bin/ringipamd with args (inside namespace ns when not
 // nil); it is killed when the test ends.
 func startBinary(t *testing.T, ns *netns.NS, args ...string) *binaryAgent {
 	t.Helper()
 	if !slices.Contains(args, "--store-socket") {
-		// Each agent its own store socket: several run on this machine.
+		// Each agent its own socket: several run on this machine.
 		args = append(args, "--store-socket", socketPath(t))
+	}
+	sock := args[slices.Index(args, "--store-socket")+1]
+	if !slices.Contains(args, "--del-queue") {
+		// And its own DEL queue, beside its socket.
+		args = append(args, "--del-queue", delQueueOf(sock))
 	}
 	argv := append([]string{agentBin}, args...)
 	if ns != nil {
 		argv = append([]string{"ip", "netns", "exec", ns.Name}, argv...)
 	}
 	cmd := exec.Command(argv[0], argv[1:]...)
-	b := &binaryAgent{cmd: cmd, done: make(chan struct{}), log: &strings.Builder{}}
+	b := &binaryAgent{cmd: cmd, done: make(chan struct{}), log: &strings.Builder{}, socket: sock}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = pw, pw
 	logged := make(chan struct{})

@@ -33,7 +33,8 @@ func TestAgentRemovesForwardsOfEndpointsTheHostNoLongerHolds(t *testing.T) {
 	const host = "pm-host"
 	h := netns.New(t, "agp")
 	relay := "http://" + h.Relay(t, strings.TrimPrefix(c.etcd.Endpoints()[0], "http://"))
-	st := c.storeObj(relay)
+	sock := socketPath(t)
+	st := throughAgent(c.storeObj(relay), sock) // the host's plugins go through its agent
 	dir := cnitest.PluginDir(t, cnitest.IPAMBin, "bridge", "loopback")
 	if err := symlink(portmapBin, dir+"/portmap-ingress"); err != nil {
 		t.Fatal(err)
@@ -49,8 +50,9 @@ func TestAgentRemovesForwardsOfEndpointsTheHostNoLongerHolds(t *testing.T) {
 	)
 	agentArgs := []string{"--host", host, "--addr", "198.18.53.1", "--store", "etcd", "--etcd-endpoints", relay,
 		"--store-prefix", c.prefix, "--lease-ttl", "2s", "--heartbeat", "200ms", "--sync-interval", "300ms",
-		"--sweep=false", "--listen", "off", "--log-level", "debug"}
+		"--sweep=false", "--listen", "off", "--log-level", "debug", "--store-socket", sock}
 	agent := startBinary(t, h, agentArgs...)
+	waitSocket(t, sock)
 	ports := map[string]int{"web-1": 8091, "web-2": 8092, "web-3": 8093}
 	for _, ctr := range []string{"web-1", "web-2", "web-3"} {
 		ns := netns.New(t, "agq")
