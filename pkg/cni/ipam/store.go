@@ -47,7 +47,7 @@ func (n clusterNotes) WriteNote(name string, note []byte) {
 }
 
 // clusterTag names an etcd store's cluster and prefix in eight hex digits,
-// from its identity as the agent compares it (relay.Identity.Key).
+// from its identity as the agent compares it (storeconfig.Identity.Key).
 func clusterTag(s storeSettings) string {
 	h := fnv.New32a()
 	h.Write([]byte(s.Identity().Key()))
