@@ -247,12 +247,15 @@ func waitFor(t *testing.T, what string, ok func() bool) {
 
 func TestLoadConfig(t *testing.T) {
 	env := map[string]string{"RINGIPAMD_ORPHAN_AFTER": "72h"}
-	cfg, err := LoadConfig([]string{"--host", "n1", "--addr", "198.18.0.5", "--store", "etcd", "--etcd-endpoints", "http://127.0.0.1:2379"},
+	// --del-queue before --store: the store flags start the store over
+	// when --store changes its type, the DEL queue stays.
+	cfg, err := LoadConfig([]string{"--host", "n1", "--addr", "198.18.0.5", "--del-queue", "/var/q", "--store", "etcd", "--etcd-endpoints", "http://127.0.0.1:2379"},
 		func(k string) string { return env[k] }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Host != "n1" || time.Duration(cfg.OrphanAfter) != 72*time.Hour || cfg.Store.Endpoints[0] != "http://127.0.0.1:2379" {
+	if cfg.Host != "n1" || time.Duration(cfg.OrphanAfter) != 72*time.Hour || cfg.Store.Endpoints[0] != "http://127.0.0.1:2379" ||
+		cfg.Store.DelQueue != "/var/q" {
 		t.Fatalf("%+v", cfg)
 	}
 	for _, bad := range [][]string{
@@ -261,6 +264,8 @@ func TestLoadConfig(t *testing.T) {
 		{"--store", "etcd"},
 		{"--log-level", "loud"},
 		{"--ingress-table", "a b"},
+		{"--del-queue", "/var/q"}, // a local store has no DEL queue
+		{"--store", "etcd", "--etcd-endpoints", "http://127.0.0.1:2379", "--del-queue", "q"},
 		{"extra"},
 	} {
 		if _, err := LoadConfig(append([]string{"--host", "n1"}, bad...), func(string) string { return "" }, io.Discard); err == nil {

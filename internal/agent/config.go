@@ -147,7 +147,10 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.Var(storeconfig.DurationValue(&cfg.SyncInterval), "sync-interval", "how often the ingress forwards are compared with the store")
 	fs.Var(storeconfig.DurationValue(&cfg.StatusRefresh), "status-refresh", "how often pool usage is read for the status page and metrics")
 	fs.Var(storeconfig.DurationValue(&cfg.Timeout), "timeout", "deadline of one store operation of the agent")
-	fs.StringVar(&cfg.Store.DelQueue, "del-queue", cfg.Store.DelQueue, "etcd: directory of the DELs this host's plugins queued while no agent answered; the agent runs them when it starts and every sync interval (default /var/lib/ringipam/del-queue)")
+	// The DEL queue is a store key the store flags do not carry: applied
+	// after them (a --store that changes the type starts the store over).
+	var delQueue string
+	fs.StringVar(&delQueue, "del-queue", "", "etcd: directory of the DELs this host's plugins queued while no agent answered; the agent runs them when it starts and every sync interval (default /var/lib/ringipam/del-queue)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
@@ -169,6 +172,9 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	}
 	if err := storeFlags.Apply(&cfg.Store); err != nil {
 		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if delQueue != "" {
+		cfg.Store.DelQueue = delQueue
 	}
 	for _, d := range storeFlags.Deprecated() {
 		fmt.Fprintf(usage, "%s: warning: %s\n", fs.Name(), d)
