@@ -47,6 +47,12 @@ type cluster struct {
 
 	mu     sync.Mutex
 	agents map[string]*cnitest.Agent // by host name
+	// agentNS is the namespace the agents run in (made with the first):
+	// portmap-ingress's forwards go where its agent runs, so not into the
+	// machine's own tables, and each cluster has a table of its own.
+	// agentEtcd is the etcd endpoint as seen from there (a relay).
+	agentNS   *netns.NS
+	agentEtcd string
 }
 
 func newCluster(t *testing.T) *cluster {
@@ -60,8 +66,8 @@ func (c *cluster) store() map[string]any {
 	return map[string]any{"type": "etcd", "endpoints": c.etcd.Endpoints(), "prefix": c.prefix}
 }
 
-// agent is host's agent (in the test's namespace, where ipam-ring runs),
-// started for t when host's plugins first run.
+// agent is host's agent (in the cluster's agent namespace, reaching etcd
+// through a relay), started for t when host's plugins first run.
 func (c *cluster) agent(t *testing.T, host string) *cnitest.Agent {
 	t.Helper()
 	c.mu.Lock()
@@ -71,7 +77,14 @@ func (c *cluster) agent(t *testing.T, host string) *cnitest.Agent {
 	}
 	a := c.agents[host]
 	if a == nil {
-		a = cnitest.StartAgent(t, cnitest.AgentOptions{Endpoints: c.etcd.Endpoints(), Prefix: c.prefix, Host: host})
+		if c.agentNS == nil {
+			c.agentNS = netns.New(t, "rca")
+			c.agentEtcd = "http://" + c.agentNS.Relay(t, strings.TrimPrefix(c.etcd.Endpoints()[0], "http://"))
+		}
+		// The relay first, then the test's endpoint (unreachable from
+		// the namespace: etcd's client uses the one it reaches), which
+		// the plugins' store object names: the agent serves that store.
+		a = cnitest.StartAgent(t, cnitest.AgentOptions{Endpoints: []string{c.agentEtcd, c.etcd.Endpoints()[0]}, Prefix: c.prefix, Host: host, NS: c.agentNS})
 		c.agents[host] = a
 	}
 	return a
