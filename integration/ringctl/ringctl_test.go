@@ -18,9 +18,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	rc "github.com/ringipam/ringipam/cmd/ringctl/cli"
 	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
-	rc "github.com/ringipam/ringipam/cmd/ringctl/cli"
 	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
