@@ -13,6 +13,7 @@ import (
 
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
+	_ "github.com/ringipam/ringipam/pkg/store/etcd" // storeconfig.Open's etcd backend
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 

@@ -40,6 +40,7 @@ import (
 	"github.com/ringipam/ringipam/integration/netns"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
+	_ "github.com/ringipam/ringipam/pkg/store/etcd" // storeconfig.Open's etcd backend
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 

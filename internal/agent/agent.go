@@ -23,6 +23,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
+	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
@@ -138,7 +139,7 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 		a.st = o.store
 	case cfg.Store.Type == storeconfig.TypeEtcd:
 		// The concrete etcd store: the agent needs its leases and watches.
-		es, err := storeconfig.OpenEtcd(cfg.Store)
+		es, err := etcd.Open(cfg.Store)
 		if err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}

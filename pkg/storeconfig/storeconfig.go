@@ -14,10 +14,18 @@
 // unknown keys. Validate reports every problem of a Config at once, as one
 // error; Open validates, applies the backends' defaults and returns the
 // store: package local for "local", package etcd (etcd's own client,
-// go.etcd.io/etcd/client/v3) for "etcd". OpenEtcd returns the concrete
-// etcd store, for the host agent, which needs its leases and watches.
-// Neither blocks on the network or the file, with one exception: etcd
-// with a username authenticates while opening, within dialTimeout.
+// go.etcd.io/etcd/client/v3) for "etcd". Neither blocks on the network or
+// the file, with one exception: etcd with a username authenticates while
+// opening, within dialTimeout.
+//
+// The etcd backend is linked only into the programs that talk to etcd (the
+// host agent, the Docker driver, ringctl): package etcd registers itself
+// here (RegisterEtcd) when it is imported, as database/sql drivers do, and
+// its etcd.Open returns the concrete store the agent needs for leases and
+// watches. The CNI plugins never open etcd (they send their calls to the
+// agent, package agentapi), so they do not import it and do not pay for
+// gRPC's and the etcd API's initialisation at every call; in a program
+// without it, Open of an etcd store fails with ErrNoEtcdClient.
 //
 // RegisterFlags (flags.go) is the one command-line vocabulary of a store,
 // shared by the agent, the Docker driver and ringctl.
@@ -40,7 +48,6 @@ import (
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/store"
-	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store/local"
 )
 
@@ -250,7 +257,7 @@ func normEndpoint(e string) string {
 // etcdPrefix is an etcd store's key prefix, its default applied.
 func (c Config) etcdPrefix() string {
 	if c.Prefix == "" {
-		return etcd.DefaultPrefix
+		return DefaultEtcdPrefix
 	}
 	return c.Prefix
 }
@@ -378,45 +385,28 @@ func Open(c Config) (store.Store, error) {
 		return nil, err
 	}
 	if c.Type == TypeEtcd {
-		return openEtcd(c)
+		if etcdBackend == nil {
+			return nil, fmt.Errorf("opening %s: %w", c.Describe(), ErrNoEtcdClient)
+		}
+		return etcdBackend(c)
 	}
 	return local.New(local.Config{Path: c.Path, OpenTimeout: time.Duration(c.OpenTimeout), Prefix: c.Prefix})
 }
 
-// OpenEtcd is Open for a component that needs more of etcd than the store
-// contract (the host agent's leases and watches): it returns the concrete
-// etcd store, or an error wrapping ErrInvalid when c is not a valid etcd
-// store.
-func OpenEtcd(c Config) (*etcd.Store, error) {
-	if err := c.Validate(); err != nil {
-		return nil, err
-	}
-	if c.Type != TypeEtcd {
-		return nil, fmt.Errorf("%w: store type %q is not etcd", ErrInvalid, c.Type)
-	}
-	return openEtcd(c)
-}
+// DefaultEtcdPrefix is the key prefix of an etcd store that names none.
+const DefaultEtcdPrefix = "/ringipam/"
 
-// EtcdConfig is the etcd store's configuration of c (defaults are applied
-// by package etcd).
-func (c Config) EtcdConfig() etcd.Config {
-	cfg := etcd.Config{
-		Endpoints:      c.Endpoints,
-		Prefix:         c.Prefix,
-		Username:       c.Username,
-		Password:       c.Password,
-		DialTimeout:    time.Duration(c.DialTimeout),
-		RequestTimeout: time.Duration(c.RequestTimeout),
-	}
-	if c.TLS != nil && *c.TLS != (TLS{}) {
-		cfg.TLS = &etcd.TLS{CAFile: c.TLS.CA, CertFile: c.TLS.Cert, KeyFile: c.TLS.Key}
-	}
-	return cfg
-}
+// ErrNoEtcdClient is wrapped by Open's error for an etcd store in a
+// program that does not link package etcd (the CNI plugins).
+var ErrNoEtcdClient = errors.New("this program has no etcd client: the CNI plugins reach etcd only through the host agent (ringipamd)")
 
-func openEtcd(c Config) (*etcd.Store, error) {
-	return etcd.New(c.EtcdConfig())
-}
+// etcdBackend opens an etcd store; set by package etcd when it is linked.
+var etcdBackend func(Config) (store.Store, error)
+
+// RegisterEtcd is called by package etcd (from its init) with the function
+// that opens an etcd store from a validated Config. It is not for other
+// callers.
+func RegisterEtcd(open func(Config) (store.Store, error)) { etcdBackend = open }
 
 // Describe returns a one-line description for logs and STATUS messages,
 // without secrets.

@@ -154,20 +154,20 @@ func TestOpen(t *testing.T) {
 		t.Fatalf("a local store's socket %q, want none", got)
 	}
 
-	// OpenEtcd: the concrete store, for etcd configs only.
-	oe, err := storeconfig.OpenEtcd(storeconfig.Config{Type: "etcd", Endpoints: []string{"127.0.0.1:1"}, Prefix: "/p/"})
+	// etcd.Open: the concrete store, for etcd configs only.
+	oe, err := etcd.Open(storeconfig.Config{Type: "etcd", Endpoints: []string{"127.0.0.1:1"}, Prefix: "/p/"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	oe.Close()
 	if oe.Prefix() != "/p/" {
-		t.Errorf("OpenEtcd prefix %q", oe.Prefix())
+		t.Errorf("etcd.Open prefix %q", oe.Prefix())
 	}
-	if _, err := storeconfig.OpenEtcd(storeconfig.Config{Path: path}); !errors.Is(err, storeconfig.ErrInvalid) {
-		t.Errorf("OpenEtcd(local) err = %v, want ErrInvalid", err)
+	if _, err := etcd.Open(storeconfig.Config{Path: path}); !errors.Is(err, storeconfig.ErrInvalid) {
+		t.Errorf("etcd.Open(local) err = %v, want ErrInvalid", err)
 	}
-	if _, err := storeconfig.OpenEtcd(storeconfig.Config{Type: "etcd"}); !errors.Is(err, storeconfig.ErrInvalid) {
-		t.Errorf("OpenEtcd(no endpoints) err = %v, want ErrInvalid", err)
+	if _, err := etcd.Open(storeconfig.Config{Type: "etcd"}); !errors.Is(err, storeconfig.ErrInvalid) {
+		t.Errorf("etcd.Open(no endpoints) err = %v, want ErrInvalid", err)
 	}
 	// A TLS file that cannot be read is an error of Open, naming it.
 	bad := etcdCfg
@@ -231,11 +231,39 @@ func TestOneEtcdClient(t *testing.T) {
 				t.Errorf("%s does not link %s", pkg, want)
 			}
 		}
+		checkGone(t, pkg, deps)
+	}
+	// The plugins never open etcd (the agent does it for them): they link
+	// neither etcd's client nor gRPC, whose initialisation every call
+	// would pay.
+	for _, pkg := range []string{"../../plugins/ipam-ring", "../../plugins/portmap-ingress"} {
+		out, err := exec.Command("go", "list", "-deps", pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list %s: %v\n%s", pkg, err, out)
+		}
+		deps := strings.Fields(string(out))
 		for _, dep := range deps {
-			for _, gone := range []string{"etcdjson", "etcdtls", "connctx"} {
-				if strings.Contains(dep, gone) {
-					t.Errorf("%s links %s", pkg, dep)
-				}
+			if strings.HasPrefix(dep, "go.etcd.io/etcd/client") || strings.HasPrefix(dep, "google.golang.org/grpc") || dep == "github.com/ringipam/ringipam/pkg/store/etcd" {
+				t.Errorf("%s links %s", pkg, dep)
+			}
+		}
+		if !slices.Contains(deps, "github.com/containernetworking/cni/pkg/skel") {
+			t.Errorf("%s does not link the CNI library's skel", pkg)
+		}
+		checkGone(t, pkg, deps)
+	}
+}
+
+// checkGone fails t for every package of deps named after a deleted one.
+func checkGone(t *testing.T, pkg string, deps []string) {
+	t.Helper()
+	for _, dep := range deps {
+		if !strings.HasPrefix(dep, "github.com/ringipam/") {
+			continue
+		}
+		for _, gone := range []string{"etcdjson", "etcdtls", "connctx", "relay", "jsonscan", "cnimain", "oneproc"} {
+			if strings.Contains(dep, gone) {
+				t.Errorf("%s links %s", pkg, dep)
 			}
 		}
 	}

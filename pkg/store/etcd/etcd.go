@@ -52,11 +52,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
 // Defaults applied by New to zero Config fields.
 const (
-	DefaultPrefix         = "/ringipam/"
+	DefaultPrefix         = storeconfig.DefaultEtcdPrefix
 	DefaultDialTimeout    = 5 * time.Second
 	DefaultRequestTimeout = 10 * time.Second
 )

@@ -24,6 +24,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/retry"
+	_ "github.com/ringipam/ringipam/pkg/store/etcd" // storeconfig.Open's etcd backend
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
