@@ -13,7 +13,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/ringipam/ringipam/internal/agent"
+	"github.com/ringipam/ringipam/cmd/ringipamd/agent"
 )
 
 func main() {

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ringipam/ringipam/cmd/ringipamd/agent"
 	"github.com/ringipam/ringipam/integration/cnitest"
-	"github.com/ringipam/ringipam/internal/agent"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 )

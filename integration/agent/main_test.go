@@ -25,9 +25,9 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/ringipam/ringipam/cmd/ringipamd/agent"
 	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
-	"github.com/ringipam/ringipam/internal/agent"
 	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"

@@ -130,7 +130,7 @@ func readoptOp(host string, after int) mop {
 		}}
 }
 
-// agentSweepOp is a host agent's sweep (internal/agent's sweep, step for
+// agentSweepOp is a host agent's sweep (cmd/ringipamd/agent's sweep, step for
 // step): the pool's Sweep, then for every orphaned host but itself the
 // release of its published ports under the pool's ReclaimGuard.
 func (m *model) agentSweepOp(host string, after int) mop {
@@ -641,7 +641,7 @@ func reclaimModel(broken faults) *model { return reclaimModelOf(broken, false) }
 // reclaimPortsModel is reclaimModel with published ports: a's attachment
 // has published a port before h1 goes down, the agents' sweeps release
 // the ports of orphaned hosts after the pool's reclaim (ReleaseHost under
-// ReclaimGuard, as internal/agent's sweep does), and h1's portmap-ingress
+// ReclaimGuard, as cmd/ringipamd/agent's sweep does), and h1's portmap-ingress
 // publishes a port for d from whatever it reads (also after h1 was
 // reclaimed). h1's allocation of d is left to reclaimModel: with it and the
 // ports' release the check passes 100 000 states (over 100 s here), past

@@ -23,8 +23,8 @@ import (
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
-	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
