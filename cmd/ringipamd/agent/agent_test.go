@@ -276,7 +276,7 @@ func TestLoadConfig(t *testing.T) {
 
 // The example configuration in conf/ loads as it is.
 func TestExampleConfigLoads(t *testing.T) {
-	cfg, err := LoadConfig([]string{"--config", "../../conf/ringipamd.json"}, func(string) string { return "" }, io.Discard)
+	cfg, err := LoadConfig([]string{"--config", "../../../conf/ringipamd.json"}, func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
