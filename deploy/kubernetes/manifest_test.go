@@ -254,6 +254,9 @@ func TestDaemonSet(t *testing.T) {
 	// The installer: node name from the downward API, the script from the
 	// ConfigMap, the host's CNI directories, no privilege.
 	in := container(t, spec.InitContainers, "install-cni")
+	if a := spec.Containers[0]; in.Image != a.Image || !strings.HasPrefix(a.Image, "ringipam/ringipam:") {
+		t.Errorf("images %q and %q: want one ringipam/ringipam image (make image) for both", in.Image, a.Image)
+	}
 	if f := fieldEnv(in, "NODE_NAME"); f != "spec.nodeName" {
 		t.Errorf("install-cni: NODE_NAME from %q, want spec.nodeName", f)
 	}
