@@ -8,6 +8,9 @@
 #   make lint    format check, vet (both build tags), staticcheck if installed
 #   make fuzz    every fuzz target for FUZZTIME each (default 10m), keeping
 #                interesting inputs in the packages' testdata/fuzz
+#   make image   the OCI image (bin/ringipam-image-<git describe>.oci.tar) from a
+#                Debian root filesystem (mmdebstrap) and the static binaries;
+#                needs root and the Debian mirror, no registry; not in make test
 #   make chaos   the fault suite at full size (integration/chaos: 10 000 calls
 #                under faults; its short form runs in make integration)
 #   make clean   remove bin/ (distclean also removes the .cache/ tools)
@@ -37,7 +40,7 @@ for d in plugins/*/ cmd/*/ docker-driver/; do \
 done
 endef
 
-.PHONY: tidy-check ci-nonroot-check all build deps test unit model-check integration fmt-check vet lint bench fuzz chaos demo docker-plugin clean distclean
+.PHONY: tidy-check ci-nonroot-check all build deps image test unit model-check integration fmt-check vet lint bench fuzz chaos demo docker-plugin clean distclean
 
 all: build
 
@@ -119,6 +122,10 @@ chaos: deps
 
 demo: deps build
 	scripts/demo.sh
+
+# The image deploy/kubernetes/ringipam.yaml runs: see scripts/build-image.sh.
+image: deps
+	scripts/build-image.sh
 
 # Managed Docker plugin: lays out bin/docker-plugin (rootfs + config.json);
 # with PLUGIN_NAME=repo/name:tag it also runs docker plugin create.

@@ -22,6 +22,8 @@ PACKAGES=(etcd-server etcd-client docker.io nftables iptables iproute2 iputils-p
 # containerd and runc come with docker.io; named because integration/cri runs
 # containerd (CRI) itself, with util-linux's unshare and nsenter (and mount).
 PACKAGES+=(containerd runc util-linux)
+# make image: a Debian root filesystem (mmdebstrap) made into an OCI image (umoci).
+PACKAGES+=(mmdebstrap umoci)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Builds ringipam's image (make image) without any container registry:
+#   1. the plugins, ringipamd and ringctl, static (CGO_ENABLED=0);
+#   2. a Debian root filesystem made by mmdebstrap from Debian's archive
+#      (the essential packages and nftables, for portmap-ingress's and the
+#      agent's `nft`), with those binaries and the reference bridge and
+#      loopback of ./.cache/bin (make deps) copied in;
+#   3. an OCI image of that one layer (umoci), written as an OCI archive:
+#        bin/ringipam-image-<version>.oci.tar, tag <version> = git describe.
+# Layout inside the image (what deploy/kubernetes/ringipam.yaml expects):
+#   /usr/local/bin/ringipamd, /usr/local/bin/ringctl (entrypoint ringipamd),
+#   /opt/ringipam/cni/{ipam-ring,portmap-ingress}   (always installed),
+#   /opt/ringipam/cni-reference/{bridge,loopback}   (installed where missing).
+# Load it into containerd with
+#   ctr -n k8s.io images import --base-name docker.io/ringipam/ringipam bin/ringipam-image-<version>.oci.tar
+# Needs root (mmdebstrap --mode=root), network access to the Debian mirror
+# of /etc/apt/sources.list, mmdebstrap and umoci (Debian packages).
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+log() { printf 'build-image: %s\n' "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+for tool in mmdebstrap umoci go git; do
+	command -v "$tool" >/dev/null || die "$tool not found (Debian packages mmdebstrap and umoci; go in /usr/local/go/bin)"
+done
+[[ $(id -u) -eq 0 ]] || die "mmdebstrap --mode=root needs root"
+SUITE=${RINGIPAM_IMAGE_SUITE:-bookworm}
+VERSION=$(git describe --tags --always --dirty)
+# A reproducible tree: file times from the commit.
+SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)
+export SOURCE_DATE_EPOCH
+
+for ref in bridge loopback; do
+	[[ -x .cache/bin/$ref ]] || die ".cache/bin/$ref missing: run make deps first"
+done
+
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+mkdir -p "$WORK/bin" "$WORK/cni" "$WORK/cni-reference" bin
+
+log "building the binaries ($VERSION)"
+for p in ipam-ring portmap-ingress; do
+	CGO_ENABLED=0 go build -trimpath -o "$WORK/cni/$p" "./plugins/$p"
+done
+for c in ringipamd ringctl; do
+	CGO_ENABLED=0 go build -trimpath -o "$WORK/bin/$c" "./cmd/$c"
+done
+cp .cache/bin/bridge .cache/bin/loopback "$WORK/cni-reference/"
+
+log "making the root filesystem ($SUITE, essential + nftables)"
+# Device nodes stay out of the layer: runtimes give a container its /dev.
+mmdebstrap --mode=root --variant=essential --include=nftables --skip=output/dev \
+	--dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
+	--dpkgopt='path-exclude=/usr/share/locale/*' \
+	--customize-hook='mkdir -p "$1/usr/local/bin" "$1/opt/ringipam/cni" "$1/opt/ringipam/cni-reference"' \
+	--customize-hook="copy-in $WORK/bin/ringipamd $WORK/bin/ringctl /usr/local/bin" \
+	--customize-hook="copy-in $WORK/cni/ipam-ring $WORK/cni/portmap-ingress /opt/ringipam/cni" \
+	--customize-hook="copy-in $WORK/cni-reference/bridge $WORK/cni-reference/loopback /opt/ringipam/cni-reference" \
+	--customize-hook='rm -rf "$1/var/cache/apt" "$1/var/lib/apt/lists"; mkdir -p "$1/var/cache/apt" "$1/var/lib/apt/lists"' \
+	"$SUITE" "$WORK/rootfs.tar"
+
+log "making the OCI image ringipam:$VERSION"
+L="$WORK/layout"
+umoci init --layout "$L"
+umoci new --image "$L:$VERSION"
+umoci raw add-layer --image "$L:$VERSION" "$WORK/rootfs.tar"
+umoci config --image "$L:$VERSION" --os linux --architecture "$(go env GOARCH)" \
+	--config.entrypoint /usr/local/bin/ringipamd --config.workingdir / \
+	--config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+	--config.label "org.opencontainers.image.version=$VERSION" \
+	--config.label "org.opencontainers.image.source=https://github.com/ringipam/ringipam" \
+	--history.created_by "scripts/build-image.sh ($SUITE, $VERSION)"
+umoci gc --layout "$L"
+OUT="bin/ringipam-image-$VERSION.oci.tar"
+tar -C "$L" --sort=name --mtime="@$SOURCE_DATE_EPOCH" --owner=0 --group=0 --numeric-owner -cf "$OUT.tmp" .
+mv -f "$OUT.tmp" "$OUT"
+log "wrote $ROOT/$OUT ($(du -h "$OUT" | cut -f1)), tag $VERSION"
