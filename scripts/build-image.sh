@@ -28,7 +28,7 @@ done
 [[ $(id -u) -eq 0 ]] || die "mmdebstrap --mode=root needs root"
 SUITE=${RINGIPAM_IMAGE_SUITE:-bookworm}
 VERSION=$(git describe --tags --always --dirty)
-# A reproducible tree: file times from the commit.
+# File times (mmdebstrap) and the image's dates (umoci) are the commit's.
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)
 export SOURCE_DATE_EPOCH
 
@@ -65,8 +65,10 @@ log "making the OCI image ringipam:$VERSION"
 L="$WORK/layout"
 umoci init --layout "$L"
 umoci new --image "$L:$VERSION"
-umoci raw add-layer --image "$L:$VERSION" "$WORK/rootfs.tar"
-umoci config --image "$L:$VERSION" --os linux --architecture "$(go env GOARCH)" \
+CREATED=$(date -u -d "@$SOURCE_DATE_EPOCH" +%Y-%m-%dT%H:%M:%SZ)
+umoci raw add-layer --image "$L:$VERSION" --history.created "$CREATED" \
+	--history.created_by "mmdebstrap $SUITE (essential, nftables) and ringipam's binaries" "$WORK/rootfs.tar"
+umoci config --image "$L:$VERSION" --created "$CREATED" --history.created "$CREATED" --os linux --architecture "$(go env GOARCH)" \
 	--config.entrypoint /usr/local/bin/ringipamd --config.workingdir / \
 	--config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 	--config.label "org.opencontainers.image.version=$VERSION" \
