@@ -1,0 +1,31 @@
+// Package routes plans and installs the routes that let containers on one
+// host reach containers on another: every live range of every pool that
+// another host owns is routed to that host's address (its agent's --addr).
+//
+// # Planning (pure)
+//
+// Plan takes the pools (definition and ring), the hosts (name, state,
+// addresses), this host's name and its directly connected prefixes, and
+// returns the desired routes, both families, and the ranges it refuses to
+// route with the reason. Rules:
+//
+//   - a range owned by another host that is up, or down but not orphaned
+//     (its containers may still answer), gets a route to that host's
+//     address of the pool's family;
+//   - tombstoned and unowned ranges, ranges of orphaned hosts, and this
+//     host's own ranges get none (the local side is the bridge's or ptp's);
+//   - a range is clipped to the pool's allocatable addresses (its ranges'
+//     [rangeStart, rangeEnd] minus gateways and exclusions: a gateway lives
+//     on every host's own bridge) and split into the fewest CIDR prefixes;
+//   - a range whose host has no address of the pool's family, whose next hop
+//     is not inside a prefix directly connected to this host, or whose next
+//     hop is one of this host's own addresses, is refused, not installed:
+//     hosts on different L2 segments need an overlay or BGP, which ringipam
+//     does not provide;
+//   - two pools (Isolated ones may overlap) that want one prefix through
+//     different next hops: the first pool in name order keeps it, the other
+//     is refused.
+//
+// Plan never fails: what cannot be routed is a Refusal. The output is sorted
+// and deterministic.
+package routes
