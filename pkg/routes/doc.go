@@ -28,4 +28,14 @@
 //
 // Plan never fails: what cannot be routed is a Refusal. The output is sorted
 // and deterministic.
+//
+// # Installing (Linux, netlink)
+//
+// Table installs a plan in a routing table of its own (DefaultTable, 4212)
+// with a route protocol of its own (DefaultProtocol, 212) and points the
+// kernel at it with one policy rule per family (DefaultRulePriority,
+// 32000: before the main table's 32766). It only ever lists, changes or
+// deletes routes carrying both its table and its protocol, and rules
+// carrying its table and priority, so routes and rules it did not make are
+// never touched. See table_linux.go for why a table of its own.
 package routes
