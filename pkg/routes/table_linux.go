@@ -61,25 +61,34 @@ type Change struct {
 	Added, Replaced, Deleted, Kept int
 }
 
+// Complete fills the defaults in and checks the numbers.
+func (c TableConfig) Complete() (TableConfig, error) {
+	if c.Table == 0 {
+		c.Table = DefaultTable
+	}
+	if c.Protocol == 0 {
+		c.Protocol = DefaultProtocol
+	}
+	if c.RulePriority == 0 {
+		c.RulePriority = DefaultRulePriority
+	}
+	switch {
+	case c.Table < 0 || c.Table == unix.RT_TABLE_MAIN || c.Table == unix.RT_TABLE_LOCAL || c.Table == unix.RT_TABLE_DEFAULT:
+		return c, fmt.Errorf("routing table %d: must be a table of ringipam's own (not main, local or default)", c.Table)
+	case c.Protocol < 5 || c.Protocol > 255: // 0-4 are the kernel's (unspec, redirect, kernel, boot, static)
+		return c, fmt.Errorf("route protocol %d: must be 5-255", c.Protocol)
+	case c.RulePriority < 1 || c.RulePriority >= 32766:
+		return c, fmt.Errorf("rule priority %d: must be 1-32765 (before the main table's rule)", c.RulePriority)
+	}
+	return c, nil
+}
+
 // OpenTable opens a netlink handle in the calling thread's network
 // namespace.
 func OpenTable(cfg TableConfig) (*Table, error) {
-	if cfg.Table == 0 {
-		cfg.Table = DefaultTable
-	}
-	if cfg.Protocol == 0 {
-		cfg.Protocol = DefaultProtocol
-	}
-	if cfg.RulePriority == 0 {
-		cfg.RulePriority = DefaultRulePriority
-	}
-	switch {
-	case cfg.Table < 0 || cfg.Table == unix.RT_TABLE_MAIN || cfg.Table == unix.RT_TABLE_LOCAL || cfg.Table == unix.RT_TABLE_DEFAULT || cfg.Table >= 1<<31-1:
-		return nil, fmt.Errorf("routing table %d: must be a table of ringipam's own (not main, local or default)", cfg.Table)
-	case cfg.Protocol < 5 || cfg.Protocol > 255: // 0-4 are the kernel's (unspec, redirect, kernel, boot, static)
-		return nil, fmt.Errorf("route protocol %d: must be 5-255", cfg.Protocol)
-	case cfg.RulePriority < 1 || cfg.RulePriority >= 32766:
-		return nil, fmt.Errorf("rule priority %d: must be 1-32765 (before the main table's rule)", cfg.RulePriority)
+	cfg, err := cfg.Complete()
+	if err != nil {
+		return nil, err
 	}
 	h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
 	if err != nil {
