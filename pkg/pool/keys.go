@@ -29,6 +29,14 @@ const (
 	prefixHostRecord = "n/" // n/<host>: the host record
 )
 
+// Prefixes of keys a watcher outside the package follows: RingKeyPrefix
+// holds every pool's ring (claims, donations, tombstones change it),
+// HostRecordKeyPrefix every host record (its address).
+const (
+	RingKeyPrefix       = prefixRing
+	HostRecordKeyPrefix = prefixHostRecord
+)
+
 func defKey(pool string) string        { return prefixDef + pool }
 func ringKey(pool string) string       { return prefixRing + pool }
 func hostKey(pool, host string) string { return prefixHost + pool + "/" + host }

@@ -23,6 +23,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
+	"github.com/ringipam/ringipam/pkg/routes"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/etcd"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
@@ -59,6 +60,7 @@ type options struct {
 	store     store.Store
 	portmap   portmap.Dataplane
 	locks     hostlock.Dir
+	router    router
 }
 
 // WithClock makes the agent (and its sweeps) judge time by now.
@@ -101,6 +103,10 @@ type Agent struct {
 	locks   hostlock.Dir      // where portmap-ingress's attachments' locks live
 	metrics *metrics
 	httpL   net.Listener
+	// rt holds the routes to other hosts' ranges (--routes); nil: off.
+	rt         router
+	routeTable int
+	routesKick chan struct{} // a watch saw a ring or host record change
 
 	held     func() bool
 	nameLost atomic.Bool // another instance holds this host's liveness key now
@@ -118,6 +124,9 @@ type Agent struct {
 	problems  []string
 	hosts     []pool.HostInfo
 	hostsRead time.Time
+	// routesView is the last pass of the routes loop; nil: routes off or
+	// not planned yet.
+	routesView *RoutesView
 }
 
 // New opens the store and prepares the agent; nothing runs until Run.
@@ -129,7 +138,8 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 	if o.now == nil {
 		o.now = time.Now
 	}
-	a := &Agent{cfg: cfg, log: log, now: o.now, fwd: o.forwarder, pm: o.portmap, locks: o.locks, httpL: o.listener, kick: make(chan struct{}, 1)}
+	a := &Agent{cfg: cfg, log: log, now: o.now, fwd: o.forwarder, pm: o.portmap, locks: o.locks, httpL: o.listener, kick: make(chan struct{}, 1),
+		rt: o.router, routesKick: make(chan struct{}, 1)}
 	if a.locks == "" {
 		a.locks = hostlock.DefaultDir
 	}
@@ -179,6 +189,24 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 			a.pm = dp
 		}
 	}
+	if cfg.Routes {
+		tc, err := cfg.routesTable().Complete()
+		if err != nil {
+			a.st.Close()
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		a.routeTable = tc.Table
+		if a.rt == nil {
+			t, err := routes.OpenTable(tc)
+			if err != nil {
+				a.st.Close()
+				return nil, fmt.Errorf("routes (turn them off with --routes=false): %w", err)
+			}
+			a.rt = t
+		}
+	} else {
+		a.rt = nil
+	}
 	a.metrics = newMetrics(a.snapshot.Load)
 	return a, nil
 }
@@ -214,7 +242,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	a.log.Info("ringipamd starting", "host", a.cfg.Host, "addr", a.cfg.Addr, "store", a.cfg.Store.Describe(),
-		"listen", a.cfg.Listen, "orphanAfter", time.Duration(a.cfg.OrphanAfter), "sweep", a.cfg.Sweep, "ingress", a.cfg.Ingress)
+		"listen", a.cfg.Listen, "orphanAfter", time.Duration(a.cfg.OrphanAfter), "sweep", a.cfg.Sweep, "ingress", a.cfg.Ingress, "routes", a.cfg.Routes)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -283,6 +311,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.cli != nil {
 		loop(a.watch)
+	}
+	if a.rt != nil {
+		if a.cli != nil {
+			// Rings (claims, donations, tombstones) and host records
+			// (addresses).
+			loop(func(ctx context.Context) { a.watchPrefix(ctx, pool.RingKeyPrefix, a.routesKick) })
+			loop(func(ctx context.Context) { a.watchPrefix(ctx, pool.HostRecordKeyPrefix, a.routesKick) })
+		}
+		loop(a.routesLoop)
 	}
 	loop(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.Heartbeat), a.heartbeat) })
 	if a.cfg.Sweep && a.cfg.OrphanAfter > 0 {
@@ -362,6 +399,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Wait()
 	if a.cfg.LeaveOnStop && runErr == nil && !a.nameLost.Load() {
 		runErr = a.leave()
+	}
+	if a.rt != nil {
+		a.removeRoutes()
 	}
 	if a.cfg.Ingress && a.fwd != nil {
 		// Forwards nobody keeps up to date are worse than none.
@@ -680,7 +720,7 @@ func (a *Agent) refreshSnapshot(ctx context.Context) {
 	}
 	a.mu.Lock()
 	s := &Snapshot{Taken: a.now(), Host: a.cfg.Host, Addr: a.cfg.Addr, Orphaned: a.orphaned, Hosts: hosts, Pools: pools,
-		Forwards: slices.Clone(a.forwards), Problems: slices.Clone(a.problems)}
+		Forwards: slices.Clone(a.forwards), Problems: slices.Clone(a.problems), Routes: a.routesView}
 	a.mu.Unlock()
 	s.Liveness = a.held != nil && a.held()
 	a.snapshot.Store(s)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/routes"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
@@ -69,8 +70,18 @@ type Config struct {
 	// alone.
 	PortmapTable string `json:"portmapTable"`
 	// PortmapDataplane is portmap-ingress's "dataplane" on this host.
-	PortmapDataplane string               `json:"portmapDataplane"`
-	SyncInterval     storeconfig.Duration `json:"syncInterval"`
+	PortmapDataplane string `json:"portmapDataplane"`
+	// Routes makes the agent route every live range of another host (up
+	// or down, not orphaned) to that host's addr, in a routing table of
+	// its own (package routes). Off by default.
+	Routes bool `json:"routes,omitempty"`
+	// RoutesTable, RoutesProtocol and RoutesRulePriority are the routing
+	// table, route protocol and policy rule priority of those routes (0:
+	// routes.DefaultTable, DefaultProtocol, DefaultRulePriority).
+	RoutesTable        int                  `json:"routesTable,omitempty"`
+	RoutesProtocol     int                  `json:"routesProtocol,omitempty"`
+	RoutesRulePriority int                  `json:"routesRulePriority,omitempty"`
+	SyncInterval       storeconfig.Duration `json:"syncInterval"`
 	// StatusRefresh is how often the status page and pool metrics are
 	// read from the store.
 	StatusRefresh storeconfig.Duration `json:"statusRefresh"`
@@ -144,7 +155,11 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.StringVar(&cfg.IngressTable, "ingress-table", cfg.IngressTable, "nftables table (inet family) of the ingress forwards")
 	fs.StringVar(&cfg.PortmapTable, "portmap-table", cfg.PortmapTable, `portmap-ingress's table on this host: with --ingress, forwards of endpoints this host no longer holds in the store are removed from it ("off": left alone)`)
 	fs.StringVar(&cfg.PortmapDataplane, "portmap-dataplane", cfg.PortmapDataplane, "portmap-ingress's dataplane on this host: auto, nftables or iptables")
-	fs.Var(storeconfig.DurationValue(&cfg.SyncInterval), "sync-interval", "how often the ingress forwards are compared with the store")
+	fs.BoolVar(&cfg.Routes, "routes", cfg.Routes, "route every live range of other hosts to their --addr (netlink, a routing table of its own; off by default)")
+	fs.IntVar(&cfg.RoutesTable, "routes-table", cfg.RoutesTable, "with --routes: the routing table (default 4212)")
+	fs.IntVar(&cfg.RoutesProtocol, "routes-protocol", cfg.RoutesProtocol, "with --routes: the route protocol number marking the agent's routes, 5-255 (default 212)")
+	fs.IntVar(&cfg.RoutesRulePriority, "routes-rule-priority", cfg.RoutesRulePriority, "with --routes: priority of the rule to the table, below main's 32766 (default 32000)")
+	fs.Var(storeconfig.DurationValue(&cfg.SyncInterval), "sync-interval", "how often the ingress forwards and routes are compared with the store")
 	fs.Var(storeconfig.DurationValue(&cfg.StatusRefresh), "status-refresh", "how often pool usage is read for the status page and metrics")
 	fs.Var(storeconfig.DurationValue(&cfg.Timeout), "timeout", "deadline of one store operation of the agent")
 	// The DEL queue is a store key the store flags do not carry: applied
@@ -222,8 +237,18 @@ func (c *Config) complete() error {
 	default:
 		return fmt.Errorf("%w: portmap-dataplane %q is not auto, nftables or iptables", ErrConfig, c.PortmapDataplane)
 	}
+	if c.Routes {
+		if _, err := c.routesTable().Complete(); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+	}
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return nil
+}
+
+// routesTable is the routes' table configuration.
+func (c Config) routesTable() routes.TableConfig {
+	return routes.TableConfig{Table: c.RoutesTable, Protocol: c.RoutesProtocol, RulePriority: c.RoutesRulePriority}
 }

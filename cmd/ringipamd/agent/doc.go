@@ -33,6 +33,13 @@
 //     of every attachment it does not hold (reclaimed while the host was
 //     away, or released elsewhere), each under the attachment's lock with
 //     the store read again there, so an ADD under way is never undone.
+//   - Routes (Routes, off by default): every live range of another host
+//     that is up or down but not orphaned is routed to that host's
+//     recorded address in a routing table of the agent's own (package
+//     routes: planned from the rings and hosts, refused with a logged
+//     reason when the next hop is not directly connected), kept equal to
+//     the plan on every sync (an etcd watch on rings and host records, or
+//     the SyncInterval poll), and removed whole when the agent stops.
 //   - HTTP (Listen, loopback by default): / is the status page (an SVG ring
 //     per pool: ranges coloured by host, fill level, tombstones; one band
 //     per host), /status.json the same data, /metrics Prometheus metrics,

@@ -24,7 +24,9 @@ type metrics struct {
 	// answered without running anything, by reason.
 	socketRefused *prometheus.CounterVec
 	// delQueue counts the queued DELs the agent ran, by result.
-	delQueue   *prometheus.CounterVec
+	delQueue *prometheus.CounterVec
+	// routes counts the routes to other hosts' ranges by state (--routes).
+	routes     *prometheus.GaugeVec
 	snapshotFn func() *Snapshot
 }
 
@@ -60,6 +62,8 @@ func newMetrics(snapshot func() *Snapshot) *metrics {
 			Help: "Connections to the agent's socket closed or answered without running anything, by reason: peer (a process not running as root, closed unread), too-large (a request line over the limit), malformed (an undecodable request), version (another agent API version), plugin (an unknown plugin)."}, []string{"reason"}),
 		delQueue: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_del_queue_runs_total",
 			Help: "DELs the plugins queued while no agent answered that this agent ran, by result (ok: released and removed from the queue; failed: left for the next drain)."}, []string{"result"}),
+		routes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ringipam_routes",
+			Help: "With --routes: routes to other hosts' ranges by state (installed: in the kernel as planned; failed: planned but refused by the kernel; refused: ranges of other live hosts the plan cannot route, e.g. a next hop not on a directly connected network)."}, []string{"state"}),
 		snapshotFn: snapshot,
 	}
 	for _, reason := range []string{"peer", "too-large", "malformed", "version", "plugin"} {
@@ -68,7 +72,7 @@ func newMetrics(snapshot func() *Snapshot) *metrics {
 	for _, result := range []string{"ok", "failed"} {
 		m.delQueue.WithLabelValues(result)
 	}
-	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.calls, m.socketRefused, m.delQueue, m,
+	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.calls, m.socketRefused, m.delQueue, m.routes, m,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -21,6 +21,7 @@ type Snapshot struct {
 	Hosts    []pool.HostInfo `json:"hosts"`
 	Pools    []PoolView      `json:"pools"`
 	Forwards []Forward       `json:"forwards"`
+	Routes   *RoutesView     `json:"routes,omitempty"` // with --routes
 	Problems []string        `json:"problems,omitempty"`
 }
 

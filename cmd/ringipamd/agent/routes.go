@@ -1,0 +1,197 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ringipam/ringipam/pkg/routes"
+)
+
+// router is the kernel side of the routes to other hosts' ranges
+// (routes.Table; a fake in unit tests).
+type router interface {
+	OnLink() ([]netip.Prefix, error)
+	Apply(rs []routes.Route) (routes.Change, error)
+	Clear() error
+	Close()
+}
+
+// withRouter replaces the netlink routing table (unit tests).
+func withRouter(r router) Option { return func(o *options) { o.router = r } }
+
+// RoutesView is what the status page shows of the routes this agent holds.
+type RoutesView struct {
+	Table   int            `json:"table"`
+	Routes  []routes.Route `json:"routes"`
+	Refused []string       `json:"refused,omitempty"`
+	// Failed is the kernel's refusal of the last apply ("" when every
+	// route is installed).
+	Failed string `json:"failed,omitempty"`
+	// Synced is when the routes were last installed as planned.
+	Synced time.Time `json:"synced,omitzero"`
+}
+
+// routesState is what the routes loop remembers of its last pass.
+type routesState struct {
+	last    []routes.Route
+	synced  time.Time
+	refused string // the refusals last logged
+	failed  string // the apply error last logged
+}
+
+// routesLoop keeps the routing table equal to the plan made of the rings
+// and hosts: when the agent starts, on every sync interval, and at once
+// when a watch sees a ring or a host record change.
+func (a *Agent) routesLoop(ctx context.Context) {
+	var s routesState
+	for {
+		a.syncRoutes(ctx, &s)
+		t := time.NewTimer(time.Duration(a.cfg.SyncInterval))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-a.routesKick:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+}
+
+// planRoutes reads the pools, their rings and the hosts, and plans.
+func (a *Agent) planRoutes(ctx context.Context) (routes.Result, bool) {
+	octx, cancel := a.op(ctx)
+	defer cancel()
+	defs, err := a.alloc.Pools(octx)
+	if err != nil {
+		a.storeError("pools", err)
+		return routes.Result{}, false
+	}
+	var in routes.Input
+	in.Self = a.cfg.Host
+	var names []string
+	for _, d := range defs {
+		ring, err := a.alloc.RingOf(octx, d.Name)
+		if err != nil {
+			a.storeError("ring", err)
+			return routes.Result{}, false
+		}
+		for _, r := range ring.Ranges {
+			if r.Host != "" && !r.Tombstone && r.Host != a.cfg.Host && !slices.Contains(names, r.Host) {
+				names = append(names, r.Host)
+			}
+		}
+		in.Pools = append(in.Pools, routes.Pool{Def: d, Ring: ring})
+	}
+	hosts, err := a.hostsFor(ctx, names, hostsMaxAge)
+	if err != nil {
+		a.storeError("hosts", err)
+		return routes.Result{}, false
+	}
+	in.Hosts = routes.HostsFrom(hosts)
+	if in.OnLink, err = a.rt.OnLink(); err != nil {
+		a.metrics.routes.WithLabelValues("failed").Set(1)
+		a.log.Warn("routes: reading this host's addresses failed", "err", err)
+		return routes.Result{}, false
+	}
+	return routes.Plan(in), true
+}
+
+// syncRoutes plans and, when the plan changed, something failed last time
+// or resyncEvery passed, applies it. Refusals and failures are logged when
+// they change, not on every pass.
+func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
+	plan, ok := a.planRoutes(ctx)
+	if !ok {
+		return
+	}
+	refused := make([]string, len(plan.Refused))
+	for i, r := range plan.Refused {
+		refused[i] = r.String()
+	}
+	if j := strings.Join(refused, "\n"); j != s.refused {
+		for _, r := range plan.Refused {
+			a.log.Warn("routes: a range of another host is not routed", "pool", r.Pool, "host", r.Host,
+				"range", fmt.Sprintf("%s-%s", r.Start, r.End), "reason", r.Reason)
+		}
+		s.refused = j
+	}
+	a.metrics.routes.WithLabelValues("refused").Set(float64(len(plan.Refused)))
+	view := RoutesView{Table: a.routeTable, Routes: plan.Routes, Refused: refused}
+	if slices.Equal(plan.Routes, s.last) && s.failed == "" && !s.synced.IsZero() && a.now().Sub(s.synced) < resyncEvery {
+		view.Synced = s.synced
+		a.setRoutes(view)
+		return
+	}
+	ch, err := a.rt.Apply(plan.Routes)
+	failed := 0
+	if err != nil {
+		var joined interface{ Unwrap() []error }
+		if errors.As(err, &joined) {
+			failed = len(joined.Unwrap())
+		} else {
+			failed = 1
+		}
+		if err.Error() != s.failed {
+			a.log.Warn("routes: installing failed", "failed", failed, "err", err)
+		}
+		s.failed, view.Failed = err.Error(), err.Error()
+	} else {
+		if s.failed != "" {
+			a.log.Info("routes: installed after earlier failures")
+		}
+		s.failed = ""
+		s.synced = a.now()
+		view.Synced = s.synced
+	}
+	if ch.Added+ch.Replaced+ch.Deleted > 0 {
+		a.log.Info("routes", "routes", len(plan.Routes), "added", ch.Added, "replaced", ch.Replaced, "deleted", ch.Deleted)
+	}
+	s.last = plan.Routes
+	a.metrics.routes.WithLabelValues("installed").Set(float64(max(len(plan.Routes)-failed, 0)))
+	a.metrics.routes.WithLabelValues("failed").Set(float64(failed))
+	a.setRoutes(view)
+}
+
+func (a *Agent) setRoutes(v RoutesView) {
+	a.mu.Lock()
+	a.routesView = &v
+	a.mu.Unlock()
+}
+
+// watchPrefix kicks kick whenever a key under prefix changes (etcd only;
+// the poll covers the rest).
+func (a *Agent) watchPrefix(ctx context.Context, prefix string, kick chan<- struct{}) {
+	for ctx.Err() == nil {
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+		for resp := range a.cli.Watch(wctx, a.prefix+prefix, clientv3.WithPrefix()) {
+			if resp.Err() != nil {
+				break
+			}
+			select {
+			case kick <- struct{}{}:
+			default:
+			}
+		}
+		cancel()
+		if sleep(ctx, time.Second) != nil {
+			return
+		}
+	}
+}
+
+// removeRoutes takes every route of the agent out of the kernel (on stop:
+// routes nobody keeps up to date are worse than none).
+func (a *Agent) removeRoutes() {
+	if err := a.rt.Clear(); err != nil {
+		a.log.Warn("removing the routes", "err", err)
+	}
+	a.rt.Close()
+}

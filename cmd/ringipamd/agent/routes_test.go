@@ -1,0 +1,190 @@
+package agent
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/routes"
+	"github.com/ringipam/ringipam/pkg/store/memory"
+)
+
+// fakeRouter records what the agent installs.
+type fakeRouter struct {
+	mu      sync.Mutex
+	onLink  []netip.Prefix
+	last    []routes.Route
+	applies int
+	cleared bool
+	closed  bool
+}
+
+func (f *fakeRouter) OnLink() ([]netip.Prefix, error) { return f.onLink, nil }
+
+func (f *fakeRouter) Apply(rs []routes.Route) (routes.Change, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.last, f.applies = slices.Clone(rs), f.applies+1
+	return routes.Change{Added: len(rs)}, nil
+}
+
+func (f *fakeRouter) Clear() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cleared, f.last = true, nil
+	return nil
+}
+
+func (f *fakeRouter) Close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+}
+
+func (f *fakeRouter) routes() []routes.Route {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.last)
+}
+
+// TestAgentRoutes runs the agent with --routes on the memory store: it
+// routes host-b's ranges to host-b's address, refuses host-c's (no
+// address), follows host-b's claim of more space, shows the routes in its
+// snapshot and metric, and takes them all out on stop.
+func TestAgentRoutes(t *testing.T) {
+	st := memory.New()
+	alloc(t, st, "host-b", "p", "b-1")
+	b, _ := pool.New(st, "host-b")
+	if _, err := b.Heartbeat(context.Background(), "198.18.0.2"); err != nil {
+		t.Fatal(err)
+	}
+	alloc(t, st, "host-c", "p", "c-1") // host-c has no agent: no address
+	rt := &fakeRouter{onLink: []netip.Prefix{netip.MustParsePrefix("198.18.0.9/24")}}
+	cfg := DefaultConfig()
+	cfg.Host, cfg.Addr = "host-a", "198.18.0.9"
+	cfg.SyncInterval, cfg.Heartbeat, cfg.SweepInterval, cfg.StatusRefresh = 20*1e6, 20*1e6, 20*1e6, 20*1e6
+	cfg.Ingress, cfg.PortmapTable, cfg.Listen = false, "off", "off"
+	cfg.Routes = true
+	a, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), withStore(st), withRouter(rt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	stopped := false
+	stop := func() {
+		if !stopped {
+			stopped = true
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer stop()
+
+	// covers says whether the routes send every address host owns in
+	// pool p through via, and nothing else.
+	covers := func(host, via string) bool {
+		ring, err := a.alloc.RingOf(context.Background(), "p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := rt.routes()
+		n := 0
+		for _, r := range ring.Ranges {
+			if r.Host != host || r.Tombstone {
+				continue
+			}
+			for _, x := range []netip.Addr{r.Start, r.End} {
+				n++
+				if !slices.ContainsFunc(got, func(rr routes.Route) bool { return rr.Dst.Contains(x) && rr.Via.String() == via && rr.Host == host }) {
+					return false
+				}
+			}
+		}
+		for _, rr := range got {
+			if rr.Host != host || rr.Via.String() != via {
+				return false
+			}
+		}
+		return n > 0
+	}
+	waitFor(t, "routes to host-b's ranges", func() bool { return covers("host-b", "198.18.0.2") })
+	waitFor(t, "the routes metric", func() bool {
+		return routesGauge(t, a, "installed") == float64(len(rt.routes())) && routesGauge(t, a, "refused") == 1 &&
+			routesGauge(t, a, "failed") == 0
+	})
+	// host-b fills its range and claims more: the new space is routed.
+	ringBefore, _ := a.alloc.RingOf(context.Background(), "p")
+	for i := 0; ; i++ {
+		alloc(t, st, "host-b", "p", "b-more-"+string(rune('a'+i%26))+string(rune('a'+i/26)))
+		ring, _ := a.alloc.RingOf(context.Background(), "p")
+		if !slices.Equal(ring.Ranges, ringBefore.Ranges) {
+			break
+		}
+		if i > 300 {
+			t.Fatal("host-b never claimed more space")
+		}
+	}
+	waitFor(t, "routes to host-b's claimed space", func() bool { return covers("host-b", "198.18.0.2") })
+	waitFor(t, "the snapshot's routes", func() bool {
+		a.refreshSnapshot(context.Background())
+		s := a.snapshot.Load()
+		return s != nil && s.Routes != nil && len(s.Routes.Routes) > 0 && s.Routes.Table == routes.DefaultTable &&
+			len(s.Routes.Refused) == 1 && strings.Contains(s.Routes.Refused[0], "host host-c") &&
+			strings.Contains(s.Routes.Refused[0], "without --addr")
+	})
+	stop()
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	if !rt.cleared || !rt.closed || len(rt.last) != 0 {
+		t.Fatalf("on stop: cleared %v, closed %v, left %v", rt.cleared, rt.closed, rt.last)
+	}
+}
+
+// routesGauge reads ringipam_routes{state} from the agent's registry.
+func routesGauge(t *testing.T, a *Agent, state string) float64 {
+	t.Helper()
+	fams, err := a.metrics.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fams {
+		if f.GetName() != "ringipam_routes" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "state" && l.GetValue() == state {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
+
+func TestRoutesConfig(t *testing.T) {
+	none := func(string) string { return "" }
+	cfg, err := LoadConfig([]string{"--host", "n1"}, none, io.Discard)
+	if err != nil || cfg.Routes {
+		t.Fatalf("default: routes %v, %v", cfg.Routes, err)
+	}
+	cfg, err = LoadConfig([]string{"--host", "n1", "--routes", "--routes-table", "100", "--routes-protocol", "99"}, none, io.Discard)
+	if err != nil || !cfg.Routes || cfg.routesTable() != (routes.TableConfig{Table: 100, Protocol: 99}) {
+		t.Fatalf("%+v, %v", cfg, err)
+	}
+	for _, bad := range [][]string{{"--routes", "--routes-table", "254"}, {"--routes", "--routes-protocol", "3"}, {"--routes", "--routes-rule-priority", "40000"}} {
+		if _, err := LoadConfig(append([]string{"--host", "n1"}, bad...), none, io.Discard); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
