@@ -224,6 +224,10 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger, opts ...Option) erro
 // Run runs the loops and the HTTP server until ctx ends.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.st.Close()
+	if a.rt != nil {
+		// After the loops stopped, also when Run returns early.
+		defer a.removeRoutes()
+	}
 	l := a.httpL
 	if l == nil && a.cfg.Listen != "off" && a.cfg.Listen != "" {
 		var err error
@@ -399,9 +403,6 @@ func (a *Agent) Run(ctx context.Context) error {
 	wg.Wait()
 	if a.cfg.LeaveOnStop && runErr == nil && !a.nameLost.Load() {
 		runErr = a.leave()
-	}
-	if a.rt != nil {
-		a.removeRoutes()
 	}
 	if a.cfg.Ingress && a.fwd != nil {
 		// Forwards nobody keeps up to date are worse than none.
