@@ -38,4 +38,11 @@
 // deletes routes carrying both its table and its protocol, and rules
 // carrying its table and priority, so routes and rules it did not make are
 // never touched. See table_linux.go for why a table of its own.
+//
+// The local side: containers on a bridge whose subnet is the whole pool
+// ARP for neighbours on other hosts; Table.ProxyARP turns proxy ARP on for
+// the links holding a pool address (the bridges with the gateway), so the
+// bridge answers for exactly the addresses routed out of another link.
+// Clear puts the previous values back. Containers behind ptp have the host
+// as their gateway and need nothing more than the routes.
 package routes

@@ -3,9 +3,12 @@ package routes
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/vishvananda/netlink"
@@ -48,6 +51,9 @@ type Table struct {
 	cfg TableConfig
 	mu  sync.Mutex
 	h   *netlink.Handle
+	// proxyARP holds the proxy_arp value each link had before ProxyARP
+	// turned it on (Clear puts it back).
+	proxyARP map[string]string
 }
 
 // Installed is one route the table holds.
@@ -94,7 +100,7 @@ func OpenTable(cfg TableConfig) (*Table, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening netlink: %w", err)
 	}
-	return &Table{cfg: cfg, h: h}, nil
+	return &Table{cfg: cfg, h: h, proxyARP: map[string]string{}}, nil
 }
 
 // Close releases the netlink socket.
@@ -250,6 +256,14 @@ func (t *Table) Clear() error {
 			errs = append(errs, fmt.Errorf("deleting rule %s: %w", r, err))
 		}
 	}
+	for link, prev := range t.proxyARP {
+		err := writeSysctl(proxyARPPath(link), prev)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("restoring proxy_arp of %s: %w", link, err))
+			continue
+		}
+		delete(t.proxyARP, link)
+	}
 	have, err := t.list()
 	if err != nil {
 		return errors.Join(append(errs, err)...)
@@ -314,4 +328,69 @@ func (t *Table) ensureRules() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// ProxyARP turns IPv4 proxy ARP on for every link holding an address
+// inside one of subnets (the pools' IPv4 subnets: a bridge whose gateway
+// address is in a pool, as the bridge plugin with isGateway sets it up)
+// and returns their names. Containers on such a bridge see the whole
+// subnet as on-link and ARP for neighbours that live on other hosts; with
+// proxy_arp the bridge answers for exactly the addresses the kernel routes
+// out of another link (other hosts' ranges, through this table), never for
+// the containers on the bridge itself. Clear puts back each link's
+// previous value. The sysctls are those of the calling thread's network
+// namespace (the one the Table was opened in, for the agent). (IPv6 has no
+// range-wide proxy NDP: not done here.)
+func (t *Table) ProxyARP(subnets []netip.Prefix) ([]string, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	addrs, err := t.h.AddrList(nil, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("listing addresses: %w", err)
+	}
+	var links []string
+	var errs []error
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || !slices.ContainsFunc(subnets, func(p netip.Prefix) bool { return p.Contains(ip.Unmap()) }) {
+			continue
+		}
+		l, err := t.h.LinkByIndex(a.LinkIndex)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("link %d: %w", a.LinkIndex, err))
+			continue
+		}
+		name := l.Attrs().Name
+		if slices.Contains(links, name) {
+			continue
+		}
+		path := proxyARPPath(name)
+		cur, err := os.ReadFile(path)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("reading proxy_arp of %s: %w", name, err))
+			continue
+		}
+		links = append(links, name)
+		if strings.TrimSpace(string(cur)) == "1" {
+			continue
+		}
+		if _, ok := t.proxyARP[name]; !ok {
+			t.proxyARP[name] = strings.TrimSpace(string(cur))
+		}
+		if err := writeSysctl(path, "1"); err != nil {
+			errs = append(errs, fmt.Errorf("turning proxy_arp on for %s: %w", name, err))
+		}
+	}
+	return links, errors.Join(errs...)
+}
+
+func proxyARPPath(link string) string { return "/proc/sys/net/ipv4/conf/" + link + "/proxy_arp" }
+
+func writeSysctl(path, v string) error {
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteString(v)
+	return errors.Join(err, f.Close())
 }
