@@ -39,7 +39,9 @@
 //     routes: planned from the rings and hosts, refused with a logged
 //     reason when the next hop is not directly connected), kept equal to
 //     the plan on every sync (an etcd watch on rings and host records, or
-//     the SyncInterval poll), and removed whole when the agent stops.
+//     the SyncInterval poll), with proxy ARP on the pools' bridges (the
+//     local side of bridge networks), and removed whole, proxy ARP values
+//     put back, when the agent stops.
 //   - HTTP (Listen, loopback by default): / is the status page (an SVG ring
 //     per pool: ranges coloured by host, fill level, tombstones; one band
 //     per host), /status.json the same data, /metrics Prometheus metrics,

@@ -19,6 +19,7 @@ import (
 type router interface {
 	OnLink() ([]netip.Prefix, error)
 	Apply(rs []routes.Route) (routes.Change, error)
+	ProxyARP(subnets []netip.Prefix) ([]string, error)
 	Clear() error
 	Close()
 }
@@ -36,14 +37,19 @@ type RoutesView struct {
 	Failed string `json:"failed,omitempty"`
 	// Synced is when the routes were last installed as planned.
 	Synced time.Time `json:"synced,omitzero"`
+	// ProxyARP are the links (the pools' bridges) answering ARP for
+	// other hosts' addresses.
+	ProxyARP []string `json:"proxyARP,omitempty"`
 }
 
 // routesState is what the routes loop remembers of its last pass.
 type routesState struct {
-	last    []routes.Route
-	synced  time.Time
-	refused string // the refusals last logged
-	failed  string // the apply error last logged
+	last     []routes.Route
+	synced   time.Time
+	refused  string // the refusals last logged
+	failed   string // the apply error last logged
+	proxy    []string
+	proxyErr string
 }
 
 // routesLoop keeps the routing table equal to the plan made of the rings
@@ -66,22 +72,23 @@ func (a *Agent) routesLoop(ctx context.Context) {
 }
 
 // planRoutes reads the pools, their rings and the hosts, and plans.
-func (a *Agent) planRoutes(ctx context.Context) (routes.Result, bool) {
+func (a *Agent) planRoutes(ctx context.Context) (routes.Result, []netip.Prefix, bool) {
 	octx, cancel := a.op(ctx)
 	defer cancel()
 	defs, err := a.alloc.Pools(octx)
 	if err != nil {
 		a.storeError("pools", err)
-		return routes.Result{}, false
+		return routes.Result{}, nil, false
 	}
 	var in routes.Input
 	in.Self = a.cfg.Host
 	var names []string
+	var subnets []netip.Prefix
 	for _, d := range defs {
 		ring, err := a.alloc.RingOf(octx, d.Name)
 		if err != nil {
 			a.storeError("ring", err)
-			return routes.Result{}, false
+			return routes.Result{}, nil, false
 		}
 		for _, r := range ring.Ranges {
 			if r.Host != "" && !r.Tombstone && r.Host != a.cfg.Host && !slices.Contains(names, r.Host) {
@@ -89,28 +96,46 @@ func (a *Agent) planRoutes(ctx context.Context) (routes.Result, bool) {
 			}
 		}
 		in.Pools = append(in.Pools, routes.Pool{Def: d, Ring: ring})
+		for _, r := range d.Ranges {
+			if r.Subnet.Addr().Is4() && !slices.Contains(subnets, r.Subnet) {
+				subnets = append(subnets, r.Subnet)
+			}
+		}
 	}
 	hosts, err := a.hostsFor(ctx, names, hostsMaxAge)
 	if err != nil {
 		a.storeError("hosts", err)
-		return routes.Result{}, false
+		return routes.Result{}, nil, false
 	}
 	in.Hosts = routes.HostsFrom(hosts)
 	if in.OnLink, err = a.rt.OnLink(); err != nil {
 		a.metrics.routes.WithLabelValues("failed").Set(1)
 		a.log.Warn("routes: reading this host's addresses failed", "err", err)
-		return routes.Result{}, false
+		return routes.Result{}, nil, false
 	}
-	return routes.Plan(in), true
+	return routes.Plan(in), subnets, true
 }
 
 // syncRoutes plans and, when the plan changed, something failed last time
 // or resyncEvery passed, applies it. Refusals and failures are logged when
 // they change, not on every pass.
 func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
-	plan, ok := a.planRoutes(ctx)
+	plan, subnets, ok := a.planRoutes(ctx)
 	if !ok {
 		return
+	}
+	// The local side, on every pass: a bridge appears with its first
+	// container, after the agent started.
+	links, err := a.rt.ProxyARP(subnets)
+	if msg := fmt.Sprint(err); err != nil && msg != s.proxyErr {
+		a.log.Warn("routes: turning proxy ARP on for the pools' bridges failed", "err", err)
+		s.proxyErr = msg
+	} else if err == nil {
+		s.proxyErr = ""
+	}
+	if !slices.Equal(links, s.proxy) {
+		a.log.Info("routes: proxy ARP for other hosts' addresses", "links", links)
+		s.proxy = links
 	}
 	refused := make([]string, len(plan.Refused))
 	for i, r := range plan.Refused {
@@ -124,7 +149,7 @@ func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
 		s.refused = j
 	}
 	a.metrics.routes.WithLabelValues("refused").Set(float64(len(plan.Refused)))
-	view := RoutesView{Table: a.routeTable, Routes: plan.Routes, Refused: refused}
+	view := RoutesView{Table: a.routeTable, Routes: plan.Routes, Refused: refused, ProxyARP: links}
 	if slices.Equal(plan.Routes, s.last) && s.failed == "" && !s.synced.IsZero() && a.now().Sub(s.synced) < resyncEvery {
 		view.Synced = s.synced
 		a.setRoutes(view)
@@ -187,8 +212,9 @@ func (a *Agent) watchPrefix(ctx context.Context, prefix string, kick chan<- stru
 	}
 }
 
-// removeRoutes takes every route of the agent out of the kernel (on stop:
-// routes nobody keeps up to date are worse than none).
+// removeRoutes takes every route of the agent out of the kernel and puts
+// back the proxy ARP values it changed (on stop: routes nobody keeps up to
+// date are worse than none).
 func (a *Agent) removeRoutes() {
 	if err := a.rt.Clear(); err != nil {
 		a.log.Warn("removing the routes", "err", err)

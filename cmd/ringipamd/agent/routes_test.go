@@ -23,6 +23,7 @@ type fakeRouter struct {
 	applies int
 	cleared bool
 	closed  bool
+	subnets []netip.Prefix
 }
 
 func (f *fakeRouter) OnLink() ([]netip.Prefix, error) { return f.onLink, nil }
@@ -32,6 +33,13 @@ func (f *fakeRouter) Apply(rs []routes.Route) (routes.Change, error) {
 	defer f.mu.Unlock()
 	f.last, f.applies = slices.Clone(rs), f.applies+1
 	return routes.Change{Added: len(rs)}, nil
+}
+
+func (f *fakeRouter) ProxyARP(subnets []netip.Prefix) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.subnets = slices.Clone(subnets)
+	return []string{"br0"}, nil
 }
 
 func (f *fakeRouter) Clear() error {
@@ -140,11 +148,15 @@ func TestAgentRoutes(t *testing.T) {
 		s := a.snapshot.Load()
 		return s != nil && s.Routes != nil && len(s.Routes.Routes) > 0 && s.Routes.Table == routes.DefaultTable &&
 			len(s.Routes.Refused) == 1 && strings.Contains(s.Routes.Refused[0], "host host-c") &&
+			slices.Equal(s.Routes.ProxyARP, []string{"br0"}) &&
 			strings.Contains(s.Routes.Refused[0], "without --addr")
 	})
 	stop()
 	rt.mu.Lock()
 	defer rt.mu.Unlock()
+	if len(rt.subnets) != 1 || rt.subnets[0].String() != "198.18.8.0/24" {
+		t.Errorf("proxy ARP asked for %v, want the pool's subnet", rt.subnets)
+	}
 	if !rt.cleared || !rt.closed || len(rt.last) != 0 {
 		t.Fatalf("on stop: cleared %v, closed %v, left %v", rt.cleared, rt.closed, rt.last)
 	}
