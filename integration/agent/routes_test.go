@@ -1,0 +1,121 @@
+//go:build integration
+
+package agent_test
+
+import (
+	"fmt"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/ringipam/ringipam/integration/cnitest"
+	"github.com/ringipam/ringipam/integration/netns"
+)
+
+// routingState is what `ip route show table all` and `ip rule` print in
+// ns, both families; without withOurs, the lines of what ringipamd
+// --routes adds (its table 4212 and the rules to it) are left out.
+func routingState(t *testing.T, ns *netns.NS, withOurs bool) string {
+	t.Helper()
+	var b strings.Builder
+	for _, argv := range [][]string{
+		{"ip", "-4", "route", "show", "table", "all"},
+		{"ip", "-6", "route", "show", "table", "all"},
+		{"ip", "-4", "rule"},
+		{"ip", "-6", "rule"},
+	} {
+		b.WriteString("# " + strings.Join(argv, " ") + "\n")
+		for _, line := range strings.Split(ns.MustRun(t, argv...), "\n") {
+			if !withOurs && (strings.Contains(line, "table 4212") || strings.Contains(line, "lookup 4212")) {
+				continue
+			}
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
+}
+
+// Three namespace hosts on one LAN and one real etcd, each with its agent
+// running --routes and a container on a `bridge` network (isGateway, no
+// masquerade) of one ipam-ring pool: the containers ping each other by
+// address across hosts (routes to each host's ranges, proxy ARP on the
+// bridges); stopping C's agent removes every route and rule it added and
+// its proxy ARP, and nothing else.
+func TestRoutesContainersReachEachOtherAcrossHosts(t *testing.T) {
+	c := newCluster(t)
+	lan := netns.New(t, "rtlan")
+	lan.MustRun(t, "ip", "link", "add", "br0", "type", "bridge")
+	lan.MustRun(t, "ip", "link", "set", "br0", "up")
+	network := netns.Unique("rtn-")
+	type rHost struct {
+		lanHost
+		agent *binaryAgent
+		ctr   *netns.NS
+		addr  string
+	}
+	var hosts []*rHost
+	for i, name := range []string{"host-a", "host-b", "host-c"} {
+		h := &rHost{lanHost: lanHost{name: name, ns: netns.New(t, "rth"), ip: fmt.Sprintf("198.18.60.%d", i+1)}}
+		port := fmt.Sprintf("p%d", i)
+		lan.MustRun(t, "ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", h.ns.Name)
+		lan.MustRun(t, "ip", "link", "set", port, "master", "br0", "up")
+		h.ns.MustRun(t, "ip", "addr", "add", h.ip+"/24", "dev", "eth0")
+		h.ns.MustRun(t, "ip", "link", "set", "eth0", "up")
+		h.st = c.storeObj("http://" + h.ns.Relay(t, strings.TrimPrefix(c.etcd.Endpoints()[0], "http://")))
+		h.cni = cnitest.NewCNI(t, cnitest.PluginDir(t, cnitest.IPAMBin, "bridge", "loopback"))
+		h.agent = startBinary(t, h.ns, "--host", name, "--addr", h.ip, "--store", "etcd", "--etcd-endpoints", h.st["endpoints"].([]string)[0],
+			"--store-prefix", c.prefix, "--lease-ttl", "3s", "--sync-interval", "300ms", "--listen", "off", "--ingress=false",
+			"--routes", "--log-level", "debug")
+		waitSocket(t, h.agent.socket)
+		h.st = h.agent.store(h.st)
+		hosts = append(hosts, h)
+	}
+	list := func(h *rHost) *libcni.NetworkConfigList {
+		return cnitest.ConfList(t, network,
+			map[string]any{"type": "bridge", "bridge": "rtbr0", "isGateway": true, "ipMasq": false,
+				"ipam": map[string]any{"type": "ipam-ring", "host": h.name, "store": h.st, "timeout": "30s",
+					"ranges": [][]map[string]string{{{"subnet": "198.18.61.0/24"}}}, "routes": []map[string]string{{"dst": "0.0.0.0/0"}}}},
+		)
+	}
+	for _, h := range hosts {
+		h.ctr = netns.New(t, "rtc")
+		res, err := cnitest.Add(h.cni, h.ns, list(h), &libcni.RuntimeConf{ContainerID: "c-" + h.name, NetNS: h.ctr.Path, IfName: "eth0"})
+		if err != nil {
+			t.Fatalf("ADD on %s: %v", h.name, err)
+		}
+		h.addr = res.IPs[0].Address.IP.String()
+	}
+	for _, from := range hosts {
+		for _, to := range hosts {
+			if from == to {
+				continue
+			}
+			waitFor(t, 20*time.Second, fmt.Sprintf("%s's container to reach %s's (%s)", from.name, to.name, to.addr), func() (bool, string) {
+				out, err := from.ctr.Run("ping", "-c", "1", "-W", "1", to.addr)
+				return err == nil, out + "\n" + routingState(t, from.ns, true)
+			})
+		}
+	}
+	hc := hosts[2]
+	if out := hc.ns.MustRun(t, "sysctl", "-n", "net.ipv4.conf.rtbr0.proxy_arp"); strings.TrimSpace(out) != "1" {
+		t.Fatalf("proxy_arp on host-c's bridge: %q", out)
+	}
+	others := routingState(t, hc.ns, false)
+	if err := hc.agent.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-hc.agent.done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("host-c's agent did not stop within 30s")
+	}
+	if after := routingState(t, hc.ns, true); after != others {
+		t.Fatalf("host-c's routing state after its agent stopped is not the state without the agent's routes:\n--- want\n%s--- got\n%s", others, after)
+	}
+	if out := hc.ns.MustRun(t, "sysctl", "-n", "net.ipv4.conf.rtbr0.proxy_arp"); strings.TrimSpace(out) != "0" {
+		t.Fatalf("proxy_arp on host-c's bridge after its agent stopped: %q", out)
+	}
+}
