@@ -3,7 +3,10 @@
 package agent_test
 
 import (
+	"context"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
+	"github.com/ringipam/ringipam/pkg/pool"
 )
 
 // routingState is what `ip route show table all` and `ip rule` print in
@@ -99,7 +103,71 @@ func TestRoutesContainersReachEachOtherAcrossHosts(t *testing.T) {
 			})
 		}
 	}
-	hc := hosts[2]
+	// host-a fills its ranges and claims space from another host: a new
+	// container of host-a in the claimed space is reachable from host-c
+	// within 5s (the ring watch).
+	ha, hc := hosts[0], hosts[2]
+	fill := c.allocator(t, "host-a", nil)
+	pl := poolName(t, fill, "198.18.61.0/24")
+	defs, err := fill.Pools(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var def pool.Def
+	for _, d := range defs {
+		if d.Name == pl {
+			def = d
+		}
+	}
+	owned := func() []pool.OwnedRange {
+		ring, err := fill.RingOf(context.Background(), pl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []pool.OwnedRange
+		for _, r := range ring.Ranges {
+			if r.Host == "host-a" && !r.Tombstone {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	inAny := func(rs []pool.OwnedRange, ip netip.Addr) bool {
+		return slices.ContainsFunc(rs, func(r pool.OwnedRange) bool { return r.Start.Compare(ip) <= 0 && ip.Compare(r.End) <= 0 })
+	}
+	before := owned()
+	var last pool.Owner
+	for i := 0; ; i++ {
+		if i > 300 {
+			t.Fatal("host-a never claimed space")
+		}
+		last = pool.Owner{Kind: pool.KindCNI, Network: "fill", ContainerID: fmt.Sprintf("f%d", i), IfName: "eth0"}
+		al, err := fill.Allocate(context.Background(), pool.Request{Owner: last, Defs: []pool.Def{def}, Wants: []pool.Want{{Pool: pl, Role: pool.RoleIP}}})
+		if err != nil {
+			t.Fatalf("filling host-a: %v", err)
+		}
+		if !inAny(before, al.Addrs[0].Addr) {
+			break // taken from claimed space
+		}
+	}
+	if _, _, err := fill.Release(context.Background(), last); err != nil {
+		t.Fatal(err)
+	}
+	claimed := netns.New(t, "rtc")
+	res, err := cnitest.Add(ha.cni, ha.ns, list(ha), &libcni.RuntimeConf{ContainerID: "c-claimed", NetNS: claimed.Path, IfName: "eth0"})
+	if err != nil {
+		t.Fatalf("ADD in claimed space on host-a: %v", err)
+	}
+	newAddr, _ := netip.AddrFromSlice(res.IPs[0].Address.IP)
+	newAddr = newAddr.Unmap()
+	if inAny(before, newAddr) {
+		t.Fatalf("the new container's %s is not in claimed space (host-a owned %v)", newAddr, before)
+	}
+	waitFor(t, 5*time.Second, "host-c to reach host-a's container in claimed space "+newAddr.String(), func() (bool, string) {
+		out, err := hc.ctr.Run("ping", "-c", "1", "-W", "1", newAddr.String())
+		return err == nil, out + "\n" + routingState(t, hc.ns, true)
+	})
+
 	if out := hc.ns.MustRun(t, "sysctl", "-n", "net.ipv4.conf.rtbr0.proxy_arp"); strings.TrimSpace(out) != "1" {
 		t.Fatalf("proxy_arp on host-c's bridge: %q", out)
 	}
