@@ -72,6 +72,7 @@ func TestRoutesContainersReachEachOtherAcrossHosts(t *testing.T) {
 		h.cni = cnitest.NewCNI(t, cnitest.PluginDir(t, cnitest.IPAMBin, "bridge", "loopback"))
 		h.agent = startBinary(t, h.ns, "--host", name, "--addr", h.ip, "--store", "etcd", "--etcd-endpoints", h.st["endpoints"].([]string)[0],
 			"--store-prefix", c.prefix, "--lease-ttl", "3s", "--sync-interval", "300ms", "--listen", "off", "--ingress=false",
+			"--orphan-after", "4s", "--sweep-interval", "300ms",
 			"--routes", "--log-level", "debug")
 		waitSocket(t, h.agent.socket)
 		h.st = h.agent.store(h.st)
@@ -167,6 +168,57 @@ func TestRoutesContainersReachEachOtherAcrossHosts(t *testing.T) {
 		out, err := hc.ctr.Run("ping", "-c", "1", "-W", "1", newAddr.String())
 		return err == nil, out + "\n" + routingState(t, hc.ns, true)
 	})
+
+	// host-b dies and is orphaned: the sweep tombstones its ranges, and
+	// host-c's routes to them go; the space host-a takes from them is
+	// routed to host-a.
+	hb := hosts[1]
+	var bRanges []pool.OwnedRange
+	ring, err := fill.RingOf(context.Background(), pl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range ring.Ranges {
+		if r.Host == "host-b" {
+			bRanges = append(bRanges, r)
+		}
+	}
+	if err := hb.agent.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "host-b's ranges tombstoned", func() (bool, string) {
+		ring, err := fill.RingOf(context.Background(), pl)
+		if err != nil {
+			return false, err.Error()
+		}
+		live := slices.ContainsFunc(ring.Ranges, func(r pool.OwnedRange) bool { return r.Host == "host-b" && !r.Tombstone })
+		return !live, fmt.Sprint(ring.Ranges)
+	})
+	waitFor(t, 5*time.Second, "host-c's routes to host-b gone", func() (bool, string) {
+		out := hc.ns.MustRun(t, "ip", "route", "show", "table", "4212")
+		return !strings.Contains(out, "via "+hb.ip), out
+	})
+	before = owned()
+	for i := 0; ; i++ {
+		if i > 300 {
+			t.Fatal("host-a never took the tombstoned space")
+		}
+		o := pool.Owner{Kind: pool.KindCNI, Network: "fill", ContainerID: fmt.Sprintf("g%d", i), IfName: "eth0"}
+		al, err := fill.Allocate(context.Background(), pool.Request{Owner: o, Defs: []pool.Def{def}, Wants: []pool.Want{{Pool: pl, Role: pool.RoleIP}}})
+		if err != nil {
+			t.Fatalf("filling host-a again: %v", err)
+		}
+		if got := al.Addrs[0].Addr; !inAny(before, got) {
+			if !inAny(bRanges, got) {
+				t.Fatalf("host-a took %s, not from host-b's old ranges %v", got, bRanges)
+			}
+			waitFor(t, 5*time.Second, "host-c's route to "+got.String()+" via host-a", func() (bool, string) {
+				out := hc.ns.MustRun(t, "ip", "route", "get", got.String())
+				return strings.Contains(out, "via "+ha.ip) && strings.Contains(out, "table 4212"), out
+			})
+			break
+		}
+	}
 
 	if out := hc.ns.MustRun(t, "sysctl", "-n", "net.ipv4.conf.rtbr0.proxy_arp"); strings.TrimSpace(out) != "1" {
 		t.Fatalf("proxy_arp on host-c's bridge: %q", out)
