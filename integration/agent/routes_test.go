@@ -44,11 +44,21 @@ func routingState(t *testing.T, ns *netns.NS, withOurs bool) string {
 
 // Three namespace hosts on one LAN and one real etcd, each with its agent
 // running --routes and a container on a `bridge` network (isGateway, no
-// masquerade) of one ipam-ring pool: the containers ping each other by
-// address across hosts (routes to each host's ranges, proxy ARP on the
-// bridges); stopping C's agent removes every route and rule it added and
-// its proxy ARP, and nothing else.
+// masquerade) or a `ptp` network (per-container gateways) of one ipam-ring
+// pool: the containers ping each other by address across hosts (routes to
+// each host's ranges, proxy ARP on the bridges); a container of host-a in
+// space it claimed from another host is reached from host-c within 5s;
+// host-b killed and orphaned loses its routes on host-c and the space
+// host-a takes from it is routed to host-a; stopping host-c's agent
+// removes every route and rule it added and its proxy ARP, and nothing
+// else.
 func TestRoutesContainersReachEachOtherAcrossHosts(t *testing.T) {
+	for _, plugin := range []string{"bridge", "ptp"} {
+		t.Run(plugin, func(t *testing.T) { testRoutesAcrossHosts(t, plugin) })
+	}
+}
+
+func testRoutesAcrossHosts(t *testing.T, plugin string) {
 	c := newCluster(t)
 	lan := netns.New(t, "rtlan")
 	lan.MustRun(t, "ip", "link", "add", "br0", "type", "bridge")
@@ -69,7 +79,7 @@ func TestRoutesContainersReachEachOtherAcrossHosts(t *testing.T) {
 		h.ns.MustRun(t, "ip", "addr", "add", h.ip+"/24", "dev", "eth0")
 		h.ns.MustRun(t, "ip", "link", "set", "eth0", "up")
 		h.st = c.storeObj("http://" + h.ns.Relay(t, strings.TrimPrefix(c.etcd.Endpoints()[0], "http://")))
-		h.cni = cnitest.NewCNI(t, cnitest.PluginDir(t, cnitest.IPAMBin, "bridge", "loopback"))
+		h.cni = cnitest.NewCNI(t, cnitest.PluginDir(t, cnitest.IPAMBin, "bridge", "ptp", "loopback"))
 		h.agent = startBinary(t, h.ns, "--host", name, "--addr", h.ip, "--store", "etcd", "--etcd-endpoints", h.st["endpoints"].([]string)[0],
 			"--store-prefix", c.prefix, "--lease-ttl", "3s", "--sync-interval", "300ms", "--listen", "off", "--ingress=false",
 			"--orphan-after", "4s", "--sweep-interval", "300ms",
@@ -79,10 +89,14 @@ func TestRoutesContainersReachEachOtherAcrossHosts(t *testing.T) {
 		hosts = append(hosts, h)
 	}
 	list := func(h *rHost) *libcni.NetworkConfigList {
+		ipam := map[string]any{"type": "ipam-ring", "host": h.name, "store": h.st, "timeout": "30s",
+			"ranges": [][]map[string]string{{{"subnet": "198.18.61.0/24"}}}, "routes": []map[string]string{{"dst": "0.0.0.0/0"}}}
+		netConf := map[string]any{"type": "bridge", "bridge": "rtbr0", "isGateway": true, "ipMasq": false, "ipam": ipam}
+		if plugin == "ptp" {
+			netConf = map[string]any{"type": "ptp", "ipMasq": false, "ipam": ipam}
+		}
 		return cnitest.ConfList(t, network,
-			map[string]any{"type": "bridge", "bridge": "rtbr0", "isGateway": true, "ipMasq": false,
-				"ipam": map[string]any{"type": "ipam-ring", "host": h.name, "store": h.st, "timeout": "30s",
-					"ranges": [][]map[string]string{{{"subnet": "198.18.61.0/24"}}}, "routes": []map[string]string{{"dst": "0.0.0.0/0"}}}},
+			netConf,
 		)
 	}
 	for _, h := range hosts {
@@ -220,8 +234,10 @@ func TestRoutesContainersReachEachOtherAcrossHosts(t *testing.T) {
 		}
 	}
 
-	if out := hc.ns.MustRun(t, "sysctl", "-n", "net.ipv4.conf.rtbr0.proxy_arp"); strings.TrimSpace(out) != "1" {
-		t.Fatalf("proxy_arp on host-c's bridge: %q", out)
+	if plugin == "bridge" {
+		if out := hc.ns.MustRun(t, "sysctl", "-n", "net.ipv4.conf.rtbr0.proxy_arp"); strings.TrimSpace(out) != "1" {
+			t.Fatalf("proxy_arp on host-c's bridge: %q", out)
+		}
 	}
 	others := routingState(t, hc.ns, false)
 	if err := hc.agent.cmd.Process.Signal(syscall.SIGTERM); err != nil {
@@ -234,6 +250,9 @@ func TestRoutesContainersReachEachOtherAcrossHosts(t *testing.T) {
 	}
 	if after := routingState(t, hc.ns, true); after != others {
 		t.Fatalf("host-c's routing state after its agent stopped is not the state without the agent's routes:\n--- want\n%s--- got\n%s", others, after)
+	}
+	if plugin != "bridge" {
+		return
 	}
 	if out := hc.ns.MustRun(t, "sysctl", "-n", "net.ipv4.conf.rtbr0.proxy_arp"); strings.TrimSpace(out) != "0" {
 		t.Fatalf("proxy_arp on host-c's bridge after its agent stopped: %q", out)
