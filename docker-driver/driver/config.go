@@ -1,8 +1,6 @@
 package driver
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,6 +9,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/ringipam/ringipam/internal/conffile"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
@@ -60,28 +59,9 @@ func DefaultConfig() Config {
 // then flags. usage receives the flag help on -h and on errors.
 func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Config, error) {
 	cfg := DefaultConfig()
-	path := getenv(EnvPrefix + "CONFIG")
-	for i, a := range args {
-		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || name != "config" {
-			continue
-		}
-		if hasVal {
-			path = val
-		} else if i+1 < len(args) {
-			path = args[i+1]
-		}
-	}
-	if path != "" {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
-		}
-		dec := json.NewDecoder(bytes.NewReader(b))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&cfg); err != nil {
-			return Config{}, fmt.Errorf("%w: %s: %w", ErrConfig, path, err)
-		}
+	path := conffile.Path(args, getenv(EnvPrefix+"CONFIG"))
+	if err := conffile.Decode(path, &cfg); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 
 	fs := flag.NewFlagSet("ringipam-docker", flag.ContinueOnError)

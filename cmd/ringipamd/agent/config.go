@@ -1,17 +1,15 @@
 package agent
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"strings"
 	"time"
 
+	"github.com/ringipam/ringipam/internal/conffile"
 	"github.com/ringipam/ringipam/pkg/cni/portmap"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/routes"
@@ -114,28 +112,9 @@ func DefaultConfig() Config {
 // LoadConfig builds the configuration from args and the environment.
 func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Config, error) {
 	cfg := DefaultConfig()
-	path := getenv(EnvPrefix + "CONFIG")
-	for i, a := range args {
-		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || name != "config" {
-			continue
-		}
-		if hasVal {
-			path = val
-		} else if i+1 < len(args) {
-			path = args[i+1]
-		}
-	}
-	if path != "" {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
-		}
-		dec := json.NewDecoder(bytes.NewReader(b))
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&cfg); err != nil {
-			return Config{}, fmt.Errorf("%w: %s: %w", ErrConfig, path, err)
-		}
+	path := conffile.Path(args, getenv(EnvPrefix+"CONFIG"))
+	if err := conffile.Decode(path, &cfg); err != nil {
+		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	fs := flag.NewFlagSet("ringipamd", flag.ContinueOnError)
 	fs.SetOutput(usage)
