@@ -92,7 +92,7 @@ type Agent struct {
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has exited
-	log  syncBuffer
+	log  SyncBuffer
 }
 
 // StartAgent starts ringipamd for o (--ingress=false --sweep=false
@@ -245,19 +245,20 @@ func (a *Agent) Running() error {
 // Log returns what the agent wrote so far (all its runs).
 func (a *Agent) Log() string { return a.log.String() }
 
-// syncBuffer is a bytes.Buffer for a process's output read while it runs.
-type syncBuffer struct {
+// SyncBuffer is a bytes.Buffer for a process's output, safe to read while
+// the process writes it.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
+func (s *SyncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.Write(p)
 }
 
-func (s *syncBuffer) String() string {
+func (s *SyncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()

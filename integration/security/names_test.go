@@ -223,7 +223,7 @@ func startDriver(t *testing.T) *driverProc {
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, driverBin, "--name", name, "--plugin-dir", dir, "--host", "sechost", "--store", "etcd",
 		"--etcd-endpoints", etcd.Endpoints()[0], "--etcd-prefix", prefix)
-	var logs syncBuffer
+	var logs cnitest.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
