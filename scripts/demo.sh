@@ -6,7 +6,11 @@
 # "container" namespaces, adds the containers to a bridge network through
 # the real bridge plugin with ipam-ring on the embedded local store, shows
 # their addresses and pings between them, then deletes everything (also on
-# failure or Ctrl-C). Needs root. Exits non-zero if any step fails.
+# failure or Ctrl-C). Then scripts/demo-cluster.sh: an etcd of its own, two
+# namespace hosts with their agents (ringipamd --routes --ingress), a
+# container on each pinging the other across the hosts, an ingress port of
+# one reached through the other, and `ringctl status`. Needs root. Exits
+# non-zero if any step fails.
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -24,7 +28,9 @@ GO=${GO:-go}
 command -v "$GO" >/dev/null || GO=/usr/local/go/bin/go
 
 say "building"
-(cd "$ROOT" && timeout 600 "$GO" build -o "$BIN/ipam-ring" ./plugins/ipam-ring)
+for p in plugins/ipam-ring plugins/portmap-ingress cmd/ringipamd cmd/ringctl; do
+	(cd "$ROOT" && CGO_ENABLED=0 timeout 600 "$GO" build -trimpath -o "$BIN/${p##*/}" "./$p")
+done
 need=()
 for p in bridge loopback cnitool; do [ -x "$CACHE_BIN/$p" ] || need+=("$p"); done
 if [ ${#need[@]} -gt 0 ]; then
@@ -38,7 +44,7 @@ if [ ${#need[@]} -gt 0 ]; then
 			github.com/containernetworking/cni/cnitool@v1.3.1
 	fi
 fi
-echo "ipam-ring: $BIN/ipam-ring; reference plugins and cnitool: $CACHE_BIN"
+echo "ipam-ring, portmap-ingress, ringipamd, ringctl: $BIN; reference plugins and cnitool: $CACHE_BIN"
 
 ID=$$
 NET="ringdemo-$ID"
@@ -130,3 +136,7 @@ for c in "${CTRS[@]}"; do
 		"$CACHE_BIN/cnitool" check "$NET" "/var/run/netns/$c"
 	echo "$c: ok"
 done
+
+# Act two: the cluster (it cleans up after itself; this act's namespaces are
+# removed when this script exits).
+BIN="$BIN" CACHE_BIN="$CACHE_BIN" "$ROOT/scripts/demo-cluster.sh"
