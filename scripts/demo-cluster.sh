@@ -131,8 +131,12 @@ for i in 0 1; do
 	ip -n "${CTR_NS[$i]}" link set lo up
 done
 
+# etcd and the agents run in sessions of their own, so that a Ctrl-C reaches
+# only this script, whose cleanup DELs the containers through the agents and
+# then stops the agents (they remove their routes) and etcd, in that order.
+# (setsid execs in place here: a background job is no group leader.)
 mkdir -p "$WORK/etcd"
-ip netns exec "$LAN" "$ETCD" --name demo --data-dir "$WORK/etcd" \
+setsid ip netns exec "$LAN" "$ETCD" --name demo --data-dir "$WORK/etcd" \
 	--listen-client-urls "$ENDPOINT" --advertise-client-urls "$ENDPOINT" \
 	--listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
 	--initial-cluster demo=http://127.0.0.1:2380 --log-level warn >"$WORK/etcd.log" 2>&1 &
@@ -148,7 +152,7 @@ for p in bridge loopback; do ln -s "$CACHE_BIN/$p" "$PLUGINS/$p"; done
 for i in 0 1; do
 	d="$WORK/${HOSTS[$i]}"
 	mkdir -p "$d"
-	ip netns exec "${HOST_NS[$i]}" "$BIN/ringipamd" --host "${HOSTS[$i]}" --addr "${HOST_IP[$i]}" \
+	setsid ip netns exec "${HOST_NS[$i]}" "$BIN/ringipamd" --host "${HOSTS[$i]}" --addr "${HOST_IP[$i]}" \
 		--store etcd --etcd-endpoints "$ENDPOINT" --etcd-prefix "$PREFIX" \
 		--agent-socket "$d/agent.sock" --del-queue "$d/del-queue" \
 		--routes --ingress --listen off --lease-ttl 5s --sync-interval 1s \
