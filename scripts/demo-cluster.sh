@@ -81,6 +81,7 @@ cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
 	trap '' INT TERM # a second Ctrl-C does not cut the cleanup short
+	exec 1>&3 2>&4
 	say "cluster: cleaning up"
 	# DEL first, while the agents that run the plugins' calls are up.
 	for i in "${added[@]}"; do
@@ -99,7 +100,7 @@ cleanup() {
 	rm -f /var/lib/cni/results/"$NET"-* 2>/dev/null || true
 	# ipam-ring's per-host notes of the demo's pool (pkg/hostlock).
 	rm -f /run/ringipam/locks/"$NET"-* 2>/dev/null || true
-	if [ $rc -ne 0 ]; then
+	if [ $rc -ne 0 ] && [ $rc -ne 130 ]; then # failed, not interrupted
 		for f in "$WORK"/*.log; do
 			[ -f "$f" ] || continue
 			echo "--- last lines of $(basename "$f")" >&2
@@ -107,9 +108,18 @@ cleanup() {
 		done
 	fi
 	rm -rf "$WORK"
-	if [ $rc -eq 0 ]; then say "cluster act passed"; else echo "cluster act FAILED (exit $rc)" >&2; fi
+	if [ $rc -eq 0 ]; then
+		say "cluster act passed"
+	elif [ $rc -eq 130 ]; then
+		echo "cluster act interrupted; everything it made is removed" >&2
+	else
+		echo "cluster act FAILED (exit $rc)" >&2
+	fi
 	exit $rc
 }
+# The cleanup writes to the script's own output even when Ctrl-C lands
+# inside a step whose output goes to /dev/null (waitfor): fds 3 and 4 keep it.
+exec 3>&1 4>&2
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
@@ -139,7 +149,7 @@ mkdir -p "$WORK/etcd"
 setsid ip netns exec "$LAN" "$ETCD" --name demo --data-dir "$WORK/etcd" \
 	--listen-client-urls "$ENDPOINT" --advertise-client-urls "$ENDPOINT" \
 	--listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-	--initial-cluster demo=http://127.0.0.1:2380 --log-level warn >"$WORK/etcd.log" 2>&1 &
+	--initial-cluster demo=http://127.0.0.1:2380 --log-level warn >"$WORK/etcd.log" 2>&1 3>&- 4>&- &
 etcd_pid=$!
 ringctl() { inns "$LAN" "$BIN/ringctl" --etcd-endpoints "$ENDPOINT" --etcd-prefix "$PREFIX" "$@"; }
 waitfor "etcd on $ENDPOINT" ringctl status
@@ -156,7 +166,7 @@ for i in 0 1; do
 		--store etcd --etcd-endpoints "$ENDPOINT" --etcd-prefix "$PREFIX" \
 		--agent-socket "$d/agent.sock" --del-queue "$d/del-queue" \
 		--routes --ingress --listen off --lease-ttl 5s --sync-interval 1s \
-		>"$WORK/ringipamd-${HOSTS[$i]}.log" 2>&1 &
+		>"$WORK/ringipamd-${HOSTS[$i]}.log" 2>&1 3>&- 4>&- &
 	agent_pids+=($!)
 	echo "${HOSTS[$i]} (${HOST_IP[$i]}): ringipamd pid $!, socket $d/agent.sock"
 done
@@ -226,7 +236,7 @@ say "cluster: ingress port $PORT of host-a's container, reached through host-b (
 # The container's listener: answers every connection with one line.
 ip netns exec "${CTR_NS[0]}" bash -c \
 	"while :; do echo 'hello from host-a container ${caddrs[0]}' | nc -l -N 80 >/dev/null 2>&1 || sleep 0.2; done" \
-	</dev/null >/dev/null 2>&1 &
+	</dev/null >/dev/null 2>&1 3>&- 4>&- &
 disown $! # killed with everything else in the namespace on cleanup
 forwarded() { ip netns exec "${HOST_NS[1]}" nft list map inet ringipam-ingress fwd4 | grep -q "tcp . $PORT "; }
 waitfor "host-b's agent to forward $PORT to host-a" forwarded
