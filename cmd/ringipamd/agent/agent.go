@@ -566,6 +566,13 @@ func (a *Agent) setHosts(h []pool.HostInfo) {
 	a.mu.Unlock()
 }
 
+// forgetHosts makes the next hostsFor read the hosts from the store.
+func (a *Agent) forgetHosts() {
+	a.mu.Lock()
+	a.hostsRead = time.Time{}
+	a.mu.Unlock()
+}
+
 // hostsFor returns the known hosts, read again when older than maxAge or
 // when one of names is missing.
 func (a *Agent) hostsFor(ctx context.Context, names []string, maxAge time.Duration) ([]pool.HostInfo, error) {

@@ -11,6 +11,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/routes"
 )
 
@@ -199,6 +200,12 @@ func (a *Agent) watchPrefix(ctx context.Context, prefix string, kick chan<- stru
 		for resp := range a.cli.Watch(wctx, a.prefix+prefix, clientv3.WithPrefix()) {
 			if resp.Err() != nil {
 				break
+			}
+			if prefix == pool.HostRecordKeyPrefix {
+				// A host record changed (a host came, or its --addr
+				// changed): the next plan reads the hosts again
+				// rather than the list cached for hostsMaxAge.
+				a.forgetHosts()
 			}
 			select {
 			case kick <- struct{}{}:
