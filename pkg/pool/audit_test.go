@@ -48,7 +48,7 @@ func auditWorld(t *testing.T) (*memory.Store, map[string]*Allocator, *clock) {
 	}
 	clk.advance(DefaultOrphanAfter / 2)
 	for _, h := range []string{"host-a", "host-b"} {
-		if _, err := hosts[h].Heartbeat(ctx, ""); err != nil {
+		if _, err := hosts[h].Heartbeat(ctx, "", nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -274,7 +274,7 @@ func TestPlansMatchWhatTheRunDoes(t *testing.T) {
 
 	// Sweep: host-b is orphaned; host-a is live and never planned.
 	clk.advance(DefaultOrphanAfter)
-	if _, err := a.Heartbeat(ctx, ""); err != nil {
+	if _, err := a.Heartbeat(ctx, "", nil); err != nil {
 		t.Fatal(err)
 	}
 	plans, err := a.PlanSweep(ctx, DefaultOrphanAfter)

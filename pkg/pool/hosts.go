@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"time"
@@ -38,6 +39,25 @@ type hostRecord struct {
 	Orphaned int64 `json:"o,omitempty"` // when it was orphaned; 0: never, or acknowledged
 	// Reclaimed counts the owners released when it was orphaned.
 	Reclaimed int `json:"r,omitempty"`
+	// Routes is what the host's agent last reported of the routes it
+	// holds (ringipamd --routes); nil when it routes nothing.
+	Routes *RoutesSummary `json:"rt,omitempty"`
+}
+
+// RoutesSummary is a host agent's report of the routes to other hosts'
+// ranges it holds (ringipamd --routes), kept in its host record so that
+// ringctl, which reaches no agent, can show them and compare them with the
+// plan it makes itself (package routes) from the same ring. Small on
+// purpose: counts and a digest of the routes, not the routes.
+type RoutesSummary struct {
+	Held    int    `json:"n"`           // routes installed
+	Failed  int    `json:"f,omitempty"` // planned routes the kernel refused
+	Refused int    `json:"x,omitempty"` // ranges the plan cannot route
+	Digest  string `json:"d"`           // routes.Digest of the plan applied
+	// OnLink are the prefixes directly connected to the host that the
+	// plan was made with (the planner's only input not in the store).
+	OnLink []netip.Prefix `json:"l,omitempty"`
+	At     int64          `json:"t"` // when the plan was applied (Unix seconds)
 }
 
 // HostState is a host's state as the cluster sees it.
@@ -59,16 +79,21 @@ type HostInfo struct {
 	// OrphanedAt is when it was orphaned and reclaimed; zero if it was not
 	// (or the host acknowledged it since).
 	OrphanedAt time.Time
-	Reclaimed  int      // owners released when it was orphaned
-	Ranges     int      // live (not tombstoned) ranges it owns, all pools
-	Used       uint64   // addresses its owners hold, all pools
-	Pools      []string // pools it has state in
+	Reclaimed  int // owners released when it was orphaned
+	// Routes is what its agent last reported of the routes it holds;
+	// nil when it routes nothing (see RoutesSummary).
+	Routes *RoutesSummary
+	Ranges int      // live (not tombstoned) ranges it owns, all pools
+	Used   uint64   // addresses its owners hold, all pools
+	Pools  []string // pools it has state in
 }
 
 // Heartbeat records that this host is alive now and where it can be reached
 // (addr, may be empty), and returns its record as it was: a host that was
-// orphaned while it was away learns it here (OrphanedAt set).
-func (a *Allocator) Heartbeat(ctx context.Context, addr string) (HostInfo, error) {
+// orphaned while it was away learns it here (OrphanedAt set). A non-nil
+// routes replaces the record's routes summary (nil keeps it; an empty
+// summary with Digest "" removes it).
+func (a *Allocator) Heartbeat(ctx context.Context, addr string, routes *RoutesSummary) (HostInfo, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
 	var before hostRecord
@@ -87,6 +112,13 @@ func (a *Allocator) Heartbeat(ctx context.Context, addr string) (HostInfo, error
 		rec.Seen = a.now().Unix()
 		if addr != "" {
 			rec.Addr = addr
+		}
+		switch {
+		case routes == nil:
+		case routes.Digest == "":
+			rec.Routes = nil
+		default:
+			rec.Routes = routes
 		}
 		b, _ := json.Marshal(rec)
 		return a.st.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put(kvs[0].Key, b)})
@@ -192,7 +224,7 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 			return nil, fmt.Errorf("%s: corrupt host record: %w", kv.Key, err)
 		}
 		h := info(strings.TrimPrefix(kv.Key, prefixHostRecord))
-		h.Agent, h.Addr, h.Reclaimed = rec.Seen != 0 || rec.Addr != "", rec.Addr, rec.Reclaimed
+		h.Agent, h.Addr, h.Reclaimed, h.Routes = rec.Seen != 0 || rec.Addr != "", rec.Addr, rec.Reclaimed, rec.Routes
 		seen(h, rec.Seen)
 		seen(h, rec.Checked)
 		if rec.Orphaned != 0 {

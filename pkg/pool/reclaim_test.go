@@ -64,10 +64,10 @@ func runOrphanedHostIsReclaimed(t *testing.T, st store.Store) {
 			}
 		}
 	}
-	if _, err := a.Heartbeat(ctx, "198.18.255.1"); err != nil {
+	if _, err := a.Heartbeat(ctx, "198.18.255.1", nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Heartbeat(ctx, "198.18.255.2"); err != nil {
+	if _, err := b.Heartbeat(ctx, "198.18.255.2", nil); err != nil {
 		t.Fatal(err)
 	}
 	markLive(t, st, "host-a") // A's agent holds its lease; B's agent is gone
@@ -115,7 +115,7 @@ func runOrphanedHostIsReclaimed(t *testing.T, st store.Store) {
 	}
 	// B returns: it learns it was orphaned; new containers work from fresh
 	// ranges and never get an address A holds.
-	info, err := b.Heartbeat(ctx, "198.18.255.2")
+	info, err := b.Heartbeat(ctx, "198.18.255.2", nil)
 	if err != nil || info.OrphanedAt.IsZero() || info.Reclaimed != 10 {
 		t.Fatalf("returning host's heartbeat: %+v %v", info, err)
 	}

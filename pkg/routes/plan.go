@@ -2,6 +2,8 @@ package routes
 
 import (
 	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -285,4 +287,18 @@ func Prefixes(lo, hi netip.Addr) []netip.Prefix {
 		}
 		lo = end.Next()
 	}
+}
+
+// Digest is a short fingerprint of routes as the kernel sees them (each
+// destination and next hop, in order; the hosts and pools named are
+// labels and do not count): two plans with one digest install the same
+// routes. Never "" (no routes have a digest too). An agent publishes the digest of what it
+// installed (pool.RoutesSummary) and ringctl compares it with the digest
+// of the plan it makes from the ring.
+func Digest(rs []Route) string {
+	h := sha256.New()
+	for _, r := range rs {
+		fmt.Fprintf(h, "%s %s\n", r.Dst, r.Via)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
