@@ -127,6 +127,9 @@ type Agent struct {
 	// routesView is the last pass of the routes loop; nil: routes off or
 	// not planned yet.
 	routesView *RoutesView
+	// routesSummary is what the heartbeat publishes of the routes (nil
+	// until the first pass of the routes loop).
+	routesSummary *pool.RoutesSummary
 }
 
 // New opens the store and prepares the agent; nothing runs until Run.
@@ -469,7 +472,7 @@ func (a *Agent) storeError(op string, err error) {
 func (a *Agent) heartbeat(ctx context.Context) {
 	ctx, cancel := a.op(ctx)
 	defer cancel()
-	info, err := a.alloc.Heartbeat(ctx, a.cfg.Addr)
+	info, err := a.alloc.Heartbeat(ctx, a.cfg.Addr, a.routesReport())
 	if err != nil {
 		a.storeError("heartbeat", err)
 		return

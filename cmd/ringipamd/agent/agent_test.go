@@ -166,7 +166,7 @@ func TestAgentServesAndForwards(t *testing.T) {
 	alloc(t, st, "host-b", "p", "b-web")
 	// host-b's agent recorded its address.
 	b, _ := pool.New(st, "host-b")
-	if _, err := b.Heartbeat(context.Background(), "198.18.0.2"); err != nil {
+	if _, err := b.Heartbeat(context.Background(), "198.18.0.2", nil); err != nil {
 		t.Fatal(err)
 	}
 	ports, _ := portalloc.New(st, "host-b")

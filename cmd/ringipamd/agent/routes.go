@@ -51,6 +51,10 @@ type routesState struct {
 	failed   string // the apply error last logged
 	proxy    []string
 	proxyErr string
+	// published is the summary last written to the host record (At
+	// aside), so that a change is written at once, not at the next
+	// heartbeat.
+	published pool.RoutesSummary
 }
 
 // routesLoop keeps the routing table equal to the plan made of the rings
@@ -72,14 +76,16 @@ func (a *Agent) routesLoop(ctx context.Context) {
 	}
 }
 
-// planRoutes reads the pools, their rings and the hosts, and plans.
-func (a *Agent) planRoutes(ctx context.Context) (routes.Result, []netip.Prefix, bool) {
+// planRoutes reads the pools, their rings and the hosts, and plans; it
+// returns the plan, the on-link prefixes it used and the pools' IPv4
+// subnets.
+func (a *Agent) planRoutes(ctx context.Context) (routes.Result, []netip.Prefix, []netip.Prefix, bool) {
 	octx, cancel := a.op(ctx)
 	defer cancel()
 	defs, err := a.alloc.Pools(octx)
 	if err != nil {
 		a.storeError("pools", err)
-		return routes.Result{}, nil, false
+		return routes.Result{}, nil, nil, false
 	}
 	var in routes.Input
 	in.Self = a.cfg.Host
@@ -89,7 +95,7 @@ func (a *Agent) planRoutes(ctx context.Context) (routes.Result, []netip.Prefix, 
 		ring, err := a.alloc.RingOf(octx, d.Name)
 		if err != nil {
 			a.storeError("ring", err)
-			return routes.Result{}, nil, false
+			return routes.Result{}, nil, nil, false
 		}
 		for _, r := range ring.Ranges {
 			if r.Host != "" && !r.Tombstone && r.Host != a.cfg.Host && !slices.Contains(names, r.Host) {
@@ -106,22 +112,22 @@ func (a *Agent) planRoutes(ctx context.Context) (routes.Result, []netip.Prefix, 
 	hosts, err := a.hostsFor(ctx, names, hostsMaxAge)
 	if err != nil {
 		a.storeError("hosts", err)
-		return routes.Result{}, nil, false
+		return routes.Result{}, nil, nil, false
 	}
 	in.Hosts = routes.HostsFrom(hosts)
 	if in.OnLink, err = a.rt.OnLink(); err != nil {
 		a.metrics.routes.WithLabelValues("failed").Set(1)
 		a.log.Warn("routes: reading this host's addresses failed", "err", err)
-		return routes.Result{}, nil, false
+		return routes.Result{}, nil, nil, false
 	}
-	return routes.Plan(in), subnets, true
+	return routes.Plan(in), in.OnLink, subnets, true
 }
 
 // syncRoutes plans and, when the plan changed, something failed last time
 // or resyncEvery passed, applies it. Refusals and failures are logged when
 // they change, not on every pass.
 func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
-	plan, subnets, ok := a.planRoutes(ctx)
+	plan, onLink, subnets, ok := a.planRoutes(ctx)
 	if !ok {
 		return
 	}
@@ -184,6 +190,44 @@ func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
 	a.metrics.routes.WithLabelValues("installed").Set(float64(max(len(plan.Routes)-failed, 0)))
 	a.metrics.routes.WithLabelValues("failed").Set(float64(failed))
 	a.setRoutes(view)
+	at := s.synced
+	if err != nil {
+		at = a.now()
+	}
+	sum := pool.RoutesSummary{Held: max(len(plan.Routes)-failed, 0), Failed: failed, Refused: len(plan.Refused),
+		Digest: routes.Digest(plan.Routes), OnLink: onLink, At: at.Unix()}
+	a.mu.Lock()
+	a.routesSummary = &sum
+	a.mu.Unlock()
+	if !sameSummary(sum, s.published) {
+		// Written at once: ringctl status compares it with the ring.
+		octx, cancel := a.op(ctx)
+		_, err := a.alloc.Heartbeat(octx, a.cfg.Addr, &sum)
+		cancel()
+		if err != nil {
+			a.storeError("heartbeat", err)
+			return // the heartbeat writes it
+		}
+		s.published = sum
+	}
+}
+
+// sameSummary compares two summaries but for their time.
+func sameSummary(x, y pool.RoutesSummary) bool {
+	return x.Held == y.Held && x.Failed == y.Failed && x.Refused == y.Refused && x.Digest == y.Digest &&
+		slices.Equal(x.OnLink, y.OnLink)
+}
+
+// routesReport is the routes summary the heartbeat writes into the host
+// record: the last one with --routes, a removal without (a summary left by
+// an earlier run with --routes would be a lie).
+func (a *Agent) routesReport() *pool.RoutesSummary {
+	if a.rt == nil {
+		return &pool.RoutesSummary{}
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.routesSummary // nil (keep) before the first pass
 }
 
 func (a *Agent) setRoutes(v RoutesView) {

@@ -64,12 +64,13 @@ func (f *fakeRouter) routes() []routes.Route {
 // TestAgentRoutes runs the agent with --routes on the memory store: it
 // routes host-b's ranges to host-b's address, refuses host-c's (no
 // address), follows host-b's claim of more space, shows the routes in its
-// snapshot and metric, and takes them all out on stop.
+// snapshot and metric, publishes their summary in its host record, and
+// takes them all out on stop.
 func TestAgentRoutes(t *testing.T) {
 	st := memory.New()
 	alloc(t, st, "host-b", "p", "b-1")
 	b, _ := pool.New(st, "host-b")
-	if _, err := b.Heartbeat(context.Background(), "198.18.0.2"); err != nil {
+	if _, err := b.Heartbeat(context.Background(), "198.18.0.2", nil); err != nil {
 		t.Fatal(err)
 	}
 	alloc(t, st, "host-c", "p", "c-1") // host-c has no agent: no address
@@ -150,6 +151,24 @@ func TestAgentRoutes(t *testing.T) {
 			len(s.Routes.Refused) == 1 && strings.Contains(s.Routes.Refused[0], "host host-c") &&
 			slices.Equal(s.Routes.ProxyARP, []string{"br0"}) &&
 			strings.Contains(s.Routes.Refused[0], "without --addr")
+	})
+	// The summary in host-a's record (what ringctl status reads) is the
+	// routes installed, once the claim is applied: written on change, not
+	// only at the next heartbeat.
+	waitFor(t, "the routes summary in the host record", func() bool {
+		hs, err := a.alloc.Hosts(context.Background(), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := rt.routes()
+		for _, h := range hs {
+			if h.Name == "host-a" {
+				r := h.Routes
+				return r != nil && r.Held == len(got) && r.Refused == 1 && r.Failed == 0 &&
+					r.Digest == routes.Digest(got) && slices.Equal(r.OnLink, rt.onLink)
+			}
+		}
+		return false
 	})
 	stop()
 	rt.mu.Lock()
