@@ -3,11 +3,13 @@ package cli
 import (
 	"fmt"
 	"io"
+	"net/netip"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/routes"
 )
 
 // MaxColumns bounds every line of human output.
@@ -138,6 +140,7 @@ func RenderStatus(w io.Writer, s Status) {
 		if hasOrphanMark(s.Hosts) {
 			p.line("* reclaimed while orphaned; cleared by `ringctl host ack HOST` (or its agent)")
 		}
+		renderRoutes(p, s)
 	}
 	const barWidth = MaxColumns - 2
 	for _, x := range s.Pools {
@@ -149,6 +152,95 @@ func RenderStatus(w io.Writer, s Status) {
 		p.line("")
 		p.line("ring: one letter per host as listed above, lower case: its tombstoned ranges, '.': unowned")
 	}
+}
+
+// renderRoutes prints, per host whose agent reported routes (--routes),
+// what it holds and whether it matches the plan the ring makes for it, then
+// that plan: one line per pool and next hop, its prefixes merged into
+// address spans (`status -o json` lists every prefix).
+func renderRoutes(p printer, s Status) {
+	first := true
+	for _, h := range s.Hosts {
+		r := h.Routes
+		if r == nil {
+			continue
+		}
+		if first {
+			p.line("")
+			p.line("ROUTES to other hosts' ranges (agents with --routes), compared with the ring")
+			first = false
+		}
+		held := fmt.Sprintf("%d held", r.Held)
+		if r.Failed > 0 {
+			held += fmt.Sprintf(", %d failed", r.Failed)
+		}
+		if r.Refused > 0 {
+			held += fmt.Sprintf(", %d ranges refused", r.Refused)
+		}
+		switch {
+		case h.State != string(pool.HostUp):
+			p.line("  %s: %s when last reported (%s); the host is %s", h.Name, held, ago(s.Time, r.Reported), h.State)
+		case r.Matches:
+			p.line("  %s: %s, matches the ring", h.Name, held)
+		default:
+			p.line("  %s: %s, DIFFERS from the ring (wants %d; reported %s)", h.Name, held, len(r.Ring), ago(s.Time, r.Reported))
+		}
+		verb := ""
+		if !r.Matches {
+			verb = "wanted: "
+		}
+		for _, g := range routeGroups(r.Ring) {
+			p.line("    %s%s", verb, g)
+		}
+	}
+}
+
+// routeGroups sums routes up per pool, host and next hop, in order of
+// first appearance: "pool p: host via addr: lo-hi, lo-hi (n prefixes)".
+func routeGroups(rs []routes.Route) []string {
+	type span struct{ lo, hi netip.Addr }
+	type group struct {
+		head  string
+		spans []span
+		n     int
+	}
+	var order []*group
+	by := map[string]*group{}
+	for _, r := range rs {
+		head := fmt.Sprintf("pool %s: %s via %s", r.Pool, r.Host, r.Via)
+		g := by[head]
+		if g == nil {
+			g = &group{head: head}
+			by[head] = g
+			order = append(order, g)
+		}
+		g.n++
+		lo, hi := r.Dst.Addr(), lastOf(r.Dst)
+		if k := len(g.spans); k > 0 && g.spans[k-1].hi.Next() == lo {
+			g.spans[k-1].hi = hi
+			continue
+		}
+		g.spans = append(g.spans, span{lo, hi})
+	}
+	out := make([]string, 0, len(order))
+	for _, g := range order {
+		parts := make([]string, len(g.spans))
+		for i, sp := range g.spans {
+			parts[i] = sp.lo.String() + "-" + sp.hi.String()
+		}
+		out = append(out, fmt.Sprintf("%s: %s (%d prefixes)", g.head, strings.Join(parts, ", "), g.n))
+	}
+	return out
+}
+
+// lastOf is the last address of p.
+func lastOf(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 func hasOrphanMark(hs []HostStatus) bool {

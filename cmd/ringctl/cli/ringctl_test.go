@@ -288,7 +288,7 @@ func TestGCDryRunIsTheRun(t *testing.T) {
 	// node-a and node-b stay alive; node-c is gone for longer than orphanAfter.
 	w.clk.advance(pool.DefaultOrphanAfter / 2)
 	for _, h := range []string{"node-a", "node-b"} {
-		if _, err := w.hosts[h].Heartbeat(ctx, ""); err != nil {
+		if _, err := w.hosts[h].Heartbeat(ctx, "", nil); err != nil {
 			t.Fatal(err)
 		}
 	}

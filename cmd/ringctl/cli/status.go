@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/routes"
 )
 
 // Status is the store at a glance: pools, hosts and each pool's ring.
@@ -58,6 +59,27 @@ type HostStatus struct {
 	Ranges     int       `json:"ranges"` // live ranges, all pools
 	Used       uint64    `json:"used"`   // addresses its owners hold, all pools
 	Pools      []string  `json:"pools,omitempty"`
+	// Routes is what its agent reported of the routes it holds
+	// (ringipamd --routes); nil when it reported none.
+	Routes *HostRoutes `json:"routes,omitempty"`
+}
+
+// HostRoutes is a host agent's routes to other hosts' ranges as it last
+// reported them (pool.RoutesSummary), compared with the plan ringctl makes
+// from the ring with the same planner (package routes) and the on-link
+// prefixes the agent reported.
+type HostRoutes struct {
+	Held     int       `json:"held"`
+	Failed   int       `json:"failed,omitempty"`
+	Refused  int       `json:"refused,omitempty"`
+	Digest   string    `json:"digest"`
+	Reported time.Time `json:"reported,omitzero"`
+	// Matches: the agent installed every route of the plan the ring
+	// makes for it now (same digest, none failed).
+	Matches bool `json:"matches"`
+	// Ring is the plan the ring makes for the host now: the routes it
+	// holds when Matches.
+	Ring []routes.Route `json:"ring"`
 }
 
 // Status reads every pool (or only poolName) and host.
@@ -68,7 +90,13 @@ func (c *Ctl) Status(ctx context.Context, poolName string) (Status, error) {
 		return s, err
 	}
 	found := false
+	var planPools []routes.Pool // every pool: routes are planned over all of them
 	for _, d := range defs {
+		ring, err := c.Pool.RingOf(ctx, d.Name)
+		if err != nil {
+			return s, err
+		}
+		planPools = append(planPools, routes.Pool{Def: d, Ring: ring})
 		if poolName != "" && d.Name != poolName {
 			continue
 		}
@@ -90,9 +118,24 @@ func (c *Ctl) Status(ctx context.Context, poolName string) (Status, error) {
 		s.Hosts = append(s.Hosts, HostStatus{
 			Name: h.Name, State: string(h.State), Agent: h.Agent, Addr: h.Addr,
 			LastSeen: h.LastSeen, OrphanedAt: h.OrphanedAt, Ranges: h.Ranges, Used: h.Used, Pools: h.Pools,
+			Routes: hostRoutes(h, planPools, hosts),
 		})
 	}
 	return s, nil
+}
+
+// hostRoutes compares what h's agent reported of its routes with the plan
+// the ring makes for h; nil when it reported none.
+func hostRoutes(h pool.HostInfo, pools []routes.Pool, hosts []pool.HostInfo) *HostRoutes {
+	r := h.Routes
+	if r == nil {
+		return nil
+	}
+	plan := routes.Plan(routes.Input{Self: h.Name, Pools: pools, Hosts: routes.HostsFrom(hosts), OnLink: r.OnLink})
+	return &HostRoutes{
+		Held: r.Held, Failed: r.Failed, Refused: r.Refused, Digest: r.Digest, Reported: time.Unix(r.At, 0),
+		Matches: r.Failed == 0 && r.Digest == routes.Digest(plan.Routes), Ring: plan.Routes,
+	}
 }
 
 func (c *Ctl) poolStatus(ctx context.Context, d pool.Def) (PoolStatus, error) {
