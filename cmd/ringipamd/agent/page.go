@@ -208,6 +208,12 @@ section.pool{margin:1.2em 0}svg text{font:12px system-ui,sans-serif}
 <table id="forwards"><tr><th>port</th><th>to</th><th>holder</th></tr>
 {{range .S.Forwards}}<tr><td>{{.Protocol}}/{{.Port}}</td><td>{{.To}} ({{.Host}})</td><td>{{.Endpoint}}</td></tr>
 {{end}}</table>
+{{with .S.Routes}}<h2>Routes to other hosts' ranges</h2>
+<p id="routes-state">table {{.Table}} · {{len .Routes}} planned from the ring · {{if .Failed}}<b>not all installed: {{.Failed}}</b>{{else if .Synced.IsZero}}not installed yet{{else}}all installed, as planned (checked {{.Synced.UTC.Format "15:04:05 MST"}}){{end}}{{with .ProxyARP}} · proxy ARP on {{range $i, $l := .}}{{if $i}}, {{end}}{{$l}}{{end}}{{end}}</p>
+<table id="routes"><tr><th>destination</th><th>via</th><th>host</th><th>pool</th></tr>
+{{range .Routes}}<tr data-host="{{.Host}}"><td>{{.Dst}}</td><td>{{.Via}}</td><td>{{.Host}}</td><td>{{.Pool}}</td></tr>
+{{end}}</table>
+{{with .Refused}}<ul id="routes-refused">{{range .}}<li>{{.}}</li>{{end}}</ul>{{end}}{{end}}
 {{with .S.Problems}}<h2>Problems</h2><ul id="problems">{{range .}}<li>{{.}}</li>{{end}}</ul>{{end}}
 </body></html>
 `))

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/routes"
@@ -152,6 +153,17 @@ func TestAgentRoutes(t *testing.T) {
 			slices.Equal(s.Routes.ProxyARP, []string{"br0"}) &&
 			strings.Contains(s.Routes.Refused[0], "without --addr")
 	})
+	// The status page's HTML lists them.
+	page, err := renderPage(*a.snapshot.Load(), time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`<table id="routes">`, `<tr data-host="host-b"><td>` + rt.routes()[0].Dst.String() + `</td><td>198.18.0.2</td>`,
+		`<ul id="routes-refused"><li>pool p: range`, "proxy ARP on br0", "all installed, as planned"} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("status page lacks %q:\n%s", want, page)
+		}
+	}
 	// The summary in host-a's record (what ringctl status reads) is the
 	// routes installed, once the claim is applied: written on change, not
 	// only at the next heartbeat.
