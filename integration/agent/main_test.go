@@ -34,12 +34,16 @@ import (
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
-var agentBin, portmapBin string
+var agentBin, portmapBin, ringctlBin string
 
 func TestMain(m *testing.M) {
 	os.Exit(cnitest.Main(m, func(ctx context.Context, dir string) error {
 		agentBin = filepath.Join(dir, "ringipamd")
 		if err := cnitest.Build(ctx, agentBin, "./cmd/ringipamd"); err != nil {
+			return err
+		}
+		ringctlBin = filepath.Join(dir, "ringctl")
+		if err := cnitest.Build(ctx, ringctlBin, "./cmd/ringctl"); err != nil {
 			return err
 		}
 		portmapBin = filepath.Join(dir, "portmap-ingress")

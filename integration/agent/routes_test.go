@@ -6,6 +6,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -118,12 +120,42 @@ func testRoutesAcrossHosts(t *testing.T, plugin string) {
 			})
 		}
 	}
+	// ringctl status shows, per host, the routes its agent holds (from
+	// the summary in its host record) and that they match the ring.
+	pl := poolName(t, c.allocator(t, "admin", nil), "198.18.61.0/24")
+	waitFor(t, 20*time.Second, "ringctl status to show every host's routes matching the ring", func() (bool, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), cnitest.OpTimeout)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, ringctlBin, "--store", "etcd", "--etcd-endpoints", c.etcd.Endpoints()[0],
+			"--etcd-prefix", c.prefix, "--host", "admin", "status").CombinedOutput()
+		if err != nil {
+			return false, fmt.Sprintf("%v\n%s", err, out)
+		}
+		text := string(out)
+		for _, h := range hosts {
+			if !regexp.MustCompile(`(?m)^  ` + h.name + `: \d+ held, matches the ring$`).MatchString(text) {
+				return false, text
+			}
+			for _, to := range hosts {
+				line := "    pool " + pl + ": " + to.name + " via " + to.ip + ": "
+				// Each host's block lists every other host, and not itself.
+				block := text[strings.Index(text, "  "+h.name+": "):]
+				if next := strings.Index(block[2:], "\n  "+"host-"); next >= 0 {
+					block = block[:next+2]
+				}
+				if strings.Contains(block, line) != (to != h) {
+					return false, text
+				}
+			}
+		}
+		return true, text
+	})
+
 	// host-a fills its ranges and claims space from another host: a new
 	// container of host-a in the claimed space is reachable from host-c
 	// within 5s (the ring watch).
 	ha, hc := hosts[0], hosts[2]
 	fill := c.allocator(t, "host-a", nil)
-	pl := poolName(t, fill, "198.18.61.0/24")
 	defs, err := fill.Pools(context.Background())
 	if err != nil {
 		t.Fatal(err)
