@@ -157,7 +157,7 @@ func RenderStatus(w io.Writer, s Status) {
 // renderRoutes prints, per host whose agent reported routes (--routes),
 // what it holds and whether it matches the plan the ring makes for it, then
 // that plan: one line per pool and next hop, its prefixes merged into
-// address spans (`status -o json` lists every prefix).
+// address spans (`status --json` lists every prefix).
 func renderRoutes(p printer, s Status) {
 	first := true
 	for _, h := range s.Hosts {
