@@ -40,7 +40,10 @@ func TestTwoHostsRoutes(t *testing.T) {
 	}
 	var hosts []*host
 	for i, name := range []string{"hostA", "hostB"} {
-		h := &host{name: name, ip: fmt.Sprintf("198.18.66.%d", i+1), d: startDockerd(t, name, false)}
+		// The driver first: cleanups run last first, so dockerd removes
+		// its containers while the driver still serves.
+		h := &host{name: name, ip: fmt.Sprintf("198.18.66.%d", i+1), drv: startDriver(t, name, st)}
+		h.d = startDockerd(t, name, false)
 		port := fmt.Sprintf("d%d", i)
 		lan.MustRun(t, "ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", h.d.ns.Name)
 		lan.MustRun(t, "ip", "link", "set", port, "master", "br0", "up")
@@ -53,7 +56,6 @@ func TestTwoHostsRoutes(t *testing.T) {
 			Prefix:    st.prefix, Host: name, NS: h.d.ns,
 			Args: []string{"--addr", h.ip, "--routes", "--sync-interval", "300ms", "--heartbeat", "1s", "--log-level", "info"},
 		})
-		h.drv = startDriver(t, name, st)
 		hosts = append(hosts, h)
 	}
 	subnet := netip.MustParsePrefix("198.18.67.0/24")
