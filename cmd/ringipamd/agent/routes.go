@@ -160,6 +160,7 @@ func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
 	if slices.Equal(plan.Routes, s.last) && s.failed == "" && !s.synced.IsZero() && a.now().Sub(s.synced) < resyncEvery {
 		view.Synced = s.synced
 		a.setRoutes(view)
+		a.publishRoutes(ctx, s, plan, onLink, 0, s.synced) // refusals may have changed
 		return
 	}
 	ch, err := a.rt.Apply(plan.Routes)
@@ -194,6 +195,12 @@ func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
 	if err != nil {
 		at = a.now()
 	}
+	a.publishRoutes(ctx, s, plan, onLink, failed, at)
+}
+
+// publishRoutes keeps the summary the heartbeat writes into the host
+// record, and writes it at once when it changed.
+func (a *Agent) publishRoutes(ctx context.Context, s *routesState, plan routes.Result, onLink []netip.Prefix, failed int, at time.Time) {
 	sum := pool.RoutesSummary{Held: max(len(plan.Routes)-failed, 0), Failed: failed, Refused: len(plan.Refused),
 		Digest: routes.Digest(plan.Routes), OnLink: onLink, At: at.Unix()}
 	a.mu.Lock()
