@@ -240,7 +240,7 @@ func testRoutesAcrossHosts(t *testing.T, plugin string) {
 		live := slices.ContainsFunc(ring.Ranges, func(r pool.OwnedRange) bool { return r.Host == "host-b" && !r.Tombstone })
 		return !live, fmt.Sprint(ring.Ranges)
 	})
-	waitFor(t, 5*time.Second, "host-c's routes to host-b gone", func() (bool, string) {
+	waitFor(t, 15*time.Second, "host-c's routes to host-b gone", func() (bool, string) {
 		out := hc.ns.MustRun(t, "ip", "route", "show", "table", "4212")
 		return !strings.Contains(out, "via "+hb.ip), out
 	})
@@ -258,8 +258,14 @@ func testRoutesAcrossHosts(t *testing.T, plugin string) {
 			if !inAny(bRanges, got) {
 				t.Fatalf("host-a took %s, not from host-b's old ranges %v", got, bRanges)
 			}
-			waitFor(t, 5*time.Second, "host-c's route to "+got.String()+" via host-a", func() (bool, string) {
-				out := hc.ns.MustRun(t, "ip", "route", "get", got.String())
+			waitFor(t, 15*time.Second, "host-c's route to "+got.String()+" via host-a", func() (bool, string) {
+				// Until the route is there, a ptp host has no route to
+				// the address at all: ip fails ("Network is
+				// unreachable"), which is "not yet", not a failure.
+				out, err := hc.ns.Run("ip", "route", "get", got.String())
+				if err != nil {
+					return false, fmt.Sprintf("%v: %s", err, out)
+				}
 				return strings.Contains(out, "via "+ha.ip) && strings.Contains(out, "table 4212"), out
 			})
 			break
