@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/containernetworking/cni/pkg/types"
-
 	"github.com/containernetworking/cni/pkg/skel"
+
 	"github.com/ringipam/ringipam/pkg/agentapi"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/pool"
@@ -35,16 +34,9 @@ import (
 // forward sends the invocation of command on c's etcd store to the host
 // agent; the error is what the runtime sees.
 func (e Edge) forward(command string, c *Config, args *skel.CmdArgs) error {
-	host, _ := os.Hostname()
-	req := &agentapi.Request{Plugin: agentapi.PluginIPAM, Command: command, ContainerID: args.ContainerID, Netns: args.Netns,
-		IfName: args.IfName, Args: args.Args, Path: args.Path, Hostname: host, TimeoutMS: c.Timeout.Milliseconds(), Stdin: args.StdinData}
+	req := agentapi.NewRequest(agentapi.PluginIPAM, command, args, c.Timeout)
 	out, err := agentapi.Forward(context.Background(), c.Store.Socket(), c.Store.DelQueueDir(), req, os.Stderr)
-	if len(out) > 0 {
-		if _, werr := e.stdout().Write(out); werr != nil && err == nil {
-			return types.NewError(types.ErrIOFailure, fmt.Sprintf("writing the result: %v", werr), "")
-		}
-	}
-	return err
+	return agentapi.Print(e.stdout(), out, err)
 }
 
 // AgentHandler runs ipam-ring's invocations in the host agent, on the
@@ -76,12 +68,9 @@ func (h AgentHandler) Serve(ctx context.Context, req *agentapi.Request) agentapi
 		return agentapi.Answer{CNIError: CNIError(err)}
 	}
 	if !h.Config.SameStore(c.Store) {
-		return agentapi.Answer{CNIError: types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
-			"ipam-ring: the configuration's store is %s, but this host's agent serves %s: point the configuration at the agent's cluster or run the agent of this one",
-			c.Store.Describe(), h.Config.Describe()), "")}
+		return agentapi.Answer{CNIError: agentapi.OtherStore("ipam-ring", c.Store.Describe(), h.Config.Describe())}
 	}
-	args := &skel.CmdArgs{ContainerID: req.ContainerID, Netns: req.Netns, IfName: req.IfName,
-		Args: req.Args, Path: req.Path, StdinData: req.Stdin}
+	args := req.CmdArgs()
 	locks := h.HostLocks
 	if locks == nil {
 		locks = hostlock.DefaultDir

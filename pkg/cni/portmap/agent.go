@@ -8,9 +8,8 @@ import (
 	"os"
 	"slices"
 
-	"github.com/containernetworking/cni/pkg/types"
-
 	"github.com/containernetworking/cni/pkg/skel"
+
 	"github.com/ringipam/ringipam/pkg/agentapi"
 	"github.com/ringipam/ringipam/pkg/hostlock"
 	"github.com/ringipam/ringipam/pkg/portalloc"
@@ -46,20 +45,13 @@ func (e Edge) via(command string, verb func(*skel.CmdArgs) error) func(*skel.Cmd
 				return wire(err)
 			}
 		}
-		host, _ := os.Hostname()
-		req := &agentapi.Request{Plugin: agentapi.PluginPortmap, Command: command, ContainerID: args.ContainerID, Netns: args.Netns,
-			IfName: args.IfName, Args: args.Args, Path: args.Path, Hostname: host, TimeoutMS: c.Timeout.Milliseconds(), Stdin: args.StdinData}
+		req := agentapi.NewRequest(agentapi.PluginPortmap, command, args, c.Timeout)
 		out, err := agentapi.Forward(context.Background(), c.Store.Socket(), c.Store.DelQueueDir(), req, e.stderr())
-		if len(out) > 0 {
-			w := e.Stdout
-			if w == nil {
-				w = os.Stdout
-			}
-			if _, werr := w.Write(out); werr != nil && err == nil {
-				return types.NewError(types.ErrIOFailure, fmt.Sprintf("writing the result: %v", werr), "")
-			}
+		stdout := e.Stdout
+		if stdout == nil {
+			stdout = os.Stdout
 		}
-		return err
+		return agentapi.Print(stdout, out, err)
 	}
 }
 
@@ -94,9 +86,7 @@ func (h AgentHandler) Serve(ctx context.Context, req *agentapi.Request) agentapi
 		return agentapi.Answer{CNIError: CNIError(err)}
 	}
 	if !h.Config.SameStore(c.Store) {
-		return agentapi.Answer{CNIError: types.NewError(types.ErrTryAgainLater, fmt.Sprintf(
-			"portmap-ingress: the configuration's store is %s, but this host's agent serves %s: point the configuration at the agent's cluster or run the agent of this one",
-			c.Store.Describe(), h.Config.Describe()), "")}
+		return agentapi.Answer{CNIError: agentapi.OtherStore("portmap-ingress", c.Store.Describe(), h.Config.Describe())}
 	}
 	e.Open = func(_ context.Context, c *Config) (Opened, error) {
 		a, err := portalloc.New(h.Store, c.Host, portalloc.WithDynamicRange(c.Lo, c.Hi), portalloc.WithRetry(contentionRetry()))
@@ -118,8 +108,7 @@ func (h AgentHandler) Serve(ctx context.Context, req *agentapi.Request) agentapi
 	// copy their receiver).
 	verb := map[string]func(*skel.CmdArgs) error{"ADD": e.Add, "DEL": e.Del, "CHECK": e.Check, "GC": e.GC, "STATUS": e.Status}[req.Command]
 	var a agentapi.Answer
-	if err := verb(&skel.CmdArgs{ContainerID: req.ContainerID, Netns: req.Netns, IfName: req.IfName,
-		Args: req.Args, Path: req.Path, StdinData: req.Stdin}); err != nil {
+	if err := verb(req.CmdArgs()); err != nil {
 		a.CNIError = CNIError(err)
 	}
 	a.Stdout, a.Stderr = stdout.Bytes(), stderr.Bytes()
