@@ -137,7 +137,22 @@ func (d *nftDataplane) list(ctx context.Context) ([]*knftables.Element, error) {
 	return out, nil
 }
 
+// Remove deletes mark's elements. Deleting is idempotent: the host
+// agent's reconcile of the table may delete the same elements between this
+// read and this delete (an endpoint the store no longer holds), and nft
+// then refuses the whole transaction ("No such file or directory"); the
+// elements are read again and what is left is deleted, once more at most.
 func (d *nftDataplane) Remove(ctx context.Context, mark string) error {
+	err := d.removeOnce(ctx, mark)
+	if knftables.IsNotFound(err) {
+		err = d.removeOnce(ctx, mark)
+	}
+	return err
+}
+
+// removeOnce reads the table and deletes mark's elements in one
+// transaction.
+func (d *nftDataplane) removeOnce(ctx context.Context, mark string) error {
 	els, err := d.list(ctx)
 	if err != nil {
 		return err
