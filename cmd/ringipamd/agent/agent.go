@@ -110,6 +110,10 @@ type Agent struct {
 
 	held     func() bool
 	nameLost atomic.Bool // another instance holds this host's liveness key now
+	// lastBeat is when the heartbeat loop last started an iteration (unix
+	// nanoseconds; /livez); apiDown: the plugins' socket stopped serving.
+	lastBeat atomic.Int64
+	apiDown  atomic.Bool
 	// drainFailed is how many queued DELs the last drain left failed.
 	drainFailed atomic.Int64
 	// readopt: a lease was taken since the last successful Readopt (the
@@ -253,6 +257,7 @@ func (a *Agent) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	a.lastBeat.Store(a.now().UnixNano())
 	var wg sync.WaitGroup
 	loop := func(fn func(context.Context)) {
 		wg.Add(1)
@@ -328,7 +333,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		loop(a.routesLoop)
 	}
-	loop(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.Heartbeat), a.heartbeat) })
+	loop(func(ctx context.Context) {
+		a.every(ctx, time.Duration(a.cfg.Heartbeat), func(ctx context.Context) {
+			a.lastBeat.Store(a.now().UnixNano())
+			a.heartbeat(ctx)
+		})
+	})
 	if a.cfg.Sweep && a.cfg.OrphanAfter > 0 {
 		loop(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.SweepInterval), a.sweep) })
 	}
@@ -392,6 +402,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			if err := srv.Serve(ctx, apiL); err != nil {
+				a.apiDown.Store(true)
 				a.log.Error("agent socket", "err", err)
 			}
 		}()
@@ -737,7 +748,8 @@ func (a *Agent) refreshSnapshot(ctx context.Context) {
 	a.snapshot.Store(s)
 }
 
-// Handler serves / (the status page), /status.json, /metrics and /healthz.
+// Handler serves / (the status page), /status.json, /metrics, /livez,
+// /readyz and /healthz (the same as /readyz; see health.go).
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(a.metrics.registry, promhttp.HandlerOpts{Registry: a.metrics.registry}))
@@ -748,13 +760,18 @@ func (a *Agent) Handler() http.Handler {
 		enc.SetIndent("", "  ")
 		_ = enc.Encode(s)
 	})
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		if a.held == nil || !a.held() {
-			http.Error(w, "liveness record not held", http.StatusServiceUnavailable)
-			return
+	answer := func(check func(healthInput) error) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if err := check(a.healthInput()); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			fmt.Fprintln(w, "ok")
 		}
-		fmt.Fprintln(w, "ok")
-	})
+	}
+	mux.HandleFunc("GET /livez", answer(liveness))
+	mux.HandleFunc("GET /readyz", answer(readiness))
+	mux.HandleFunc("GET /healthz", answer(readiness))
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		b, err := renderPage(*a.current(r.Context()), a.now())
 		if err != nil {
@@ -765,6 +782,18 @@ func (a *Agent) Handler() http.Handler {
 		_, _ = w.Write(b)
 	})
 	return mux
+}
+
+// healthInput is what /livez and /readyz answer from, now.
+func (a *Agent) healthInput() healthInput {
+	return healthInput{
+		now:        a.now(),
+		lastBeat:   time.Unix(0, a.lastBeat.Load()),
+		stallAfter: stallAfter(time.Duration(a.cfg.Heartbeat), time.Duration(a.cfg.Timeout)),
+		apiDown:    a.apiDown.Load(),
+		held:       a.held != nil && a.held(),
+		nameLost:   a.nameLost.Load(),
+	}
 }
 
 // current is the latest snapshot; the first request before any snapshot

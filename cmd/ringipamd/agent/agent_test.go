@@ -207,7 +207,7 @@ func TestAgentServesAndForwards(t *testing.T) {
 		}
 	}
 	base := "http://" + l.Addr().String()
-	for path, want := range map[string]string{"/": `class="band" data-host="host-b"`, "/metrics": `ringipam_ingress_forwards`, "/status.json": `"forwards"`, "/healthz": "ok"} {
+	for path, want := range map[string]string{"/": `class="band" data-host="host-b"`, "/metrics": `ringipam_ingress_forwards`, "/status.json": `"forwards"`, "/healthz": "ok", "/livez": "ok", "/readyz": "ok"} {
 		waitFor(t, path, func() bool {
 			body, code := get(base + path)
 			return code == 200 && strings.Contains(body, want)

@@ -45,7 +45,13 @@
 //   - HTTP (Listen, loopback by default): / is the status page (an SVG ring
 //     per pool: ranges coloured by host, fill level, tombstones; one band
 //     per host), /status.json the same data, /metrics Prometheus metrics,
-//     /healthz 200 while the liveness record is held. Pages are served from
+//     /livez 200 while the agent's loops turn, whatever the store does
+//     (503 when the heartbeat loop has not run for three intervals and
+//     three operation deadlines, or the plugins' socket stopped serving:
+//     a stuck agent, which a restart fixes), /readyz 200 while it can
+//     serve the plugins (live, liveness record held, host name its own;
+//     503 during a store outage, when a restart would not help), /healthz
+//     the same as /readyz (health.go). Pages are served from
 //     a snapshot read every StatusRefresh; a request never waits on the
 //     store unless no snapshot exists yet.
 //   - Every store operation runs under Timeout; failures are logged,
