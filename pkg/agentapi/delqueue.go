@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
 )
 
 // Bounds of the DEL queue (the count is checked before each new entry
@@ -41,7 +43,31 @@ const staleTemp = time.Minute
 const (
 	entrySuffix = ".json"
 	tempPrefix  = ".tmp-"
+	// FailedDir is the subdirectory of the queue that entries which can
+	// never succeed are moved to (see Drain); at most MaxQueued are kept.
+	FailedDir = "failed"
 )
+
+// deadError marks a queued DEL that can never succeed however often it is
+// run: an entry that does not decode, one that is not a DEL, or a DEL the
+// plugin's code refused for a reason no retry changes (CNI codes 1, 2, 4,
+// 6 and 7: incompatible version, unsupported field, bad environment,
+// undecodable or invalid configuration).
+type deadError struct{ err error }
+
+func (e *deadError) Error() string { return e.err.Error() }
+func (e *deadError) Unwrap() error { return e.err }
+
+// permanentCNICodes are the CNI error codes a retry of the same DEL cannot
+// change. 11 (try again later), 5 (I/O) and plugin-specific codes stay
+// queued.
+var permanentCNICodes = map[uint]bool{
+	types.ErrIncompatibleCNIVersion:      true,
+	types.ErrUnsupportedField:            true,
+	types.ErrInvalidEnvironmentVariables: true,
+	types.ErrDecodingFailure:             true,
+	types.ErrInvalidNetworkConfig:        true,
+}
 
 // DelQueue is a directory of DELs that could not reach the agent (the
 // store object's "delQueue", default /var/lib/ringipam/del-queue). The
@@ -152,12 +178,21 @@ type DrainReport struct {
 	// an agent of that version drains it). Errs says why, one per entry.
 	Failed int
 	Errs   []error
+	// Dead: entries that can never succeed (undecodable, not a DEL, or
+	// refused with a CNI code no retry changes), moved to FailedDir (or
+	// removed when it already holds MaxQueued) so that they are not run
+	// on every drain forever. DeadErrs says why, one per entry, naming
+	// where it went. What such a DEL would have freed is left to the
+	// network's CNI GC or to ringctl release.
+	Dead     int
+	DeadErrs []error
 	// TempRemoved: temporary files left by a Put that crashed.
 	TempRemoved int
 }
 
 // Drain runs every queued DEL through h (each under its own timeout) and
-// removes its entry after it succeeded; failed ones stay. It removes
+// removes its entry after it succeeded; failed ones stay, but for those
+// that can never succeed, which go to FailedDir (DrainReport.Dead). It removes
 // temporary files older than a minute (a crashed Put's). It stops early
 // when ctx ends. A queue directory that does not exist is empty.
 func (q DelQueue) Drain(ctx context.Context, h Handler) (DrainReport, error) {
@@ -185,6 +220,12 @@ func (q DelQueue) Drain(ctx context.Context, h Handler) (DrainReport, error) {
 			continue
 		}
 		if err := q.runOne(ctx, path, h); err != nil {
+			var dead *deadError
+			if errors.As(err, &dead) {
+				rep.Dead++
+				rep.DeadErrs = append(rep.DeadErrs, fmt.Errorf("%s (%s): %w", n, q.bury(path, n), err))
+				continue
+			}
 			rep.Failed++
 			rep.Errs = append(rep.Errs, fmt.Errorf("%s: %w", n, err))
 			continue
@@ -206,10 +247,10 @@ func (q DelQueue) runOne(ctx context.Context, path string, h Handler) error {
 	}
 	var req Request
 	if err := json.Unmarshal(b, &req); err != nil {
-		return fmt.Errorf("undecodable entry: %w", err)
+		return &deadError{fmt.Errorf("undecodable entry: %w", err)}
 	}
 	if req.Command != "DEL" {
-		return fmt.Errorf("entry of command %q, not DEL", req.Command)
+		return &deadError{fmt.Errorf("entry of command %q, not DEL", req.Command)}
 	}
 	if req.Version != Version {
 		return fmt.Errorf("%w: the entry is of agent API v%d, this agent v%d: it stays until an agent of its version drains it", ErrVersion, req.Version, Version)
@@ -220,6 +261,8 @@ func (q DelQueue) runOne(ctx context.Context, path string, h Handler) error {
 	switch {
 	case a.Error != "":
 		return fmt.Errorf("%w: %s", ErrRefused, a.Error)
+	case a.CNIError != nil && permanentCNICodes[a.CNIError.Code]:
+		return &deadError{a.CNIError}
 	case a.CNIError != nil:
 		return a.CNIError
 	}
@@ -233,6 +276,23 @@ func (q DelQueue) runOne(ctx context.Context, path string, h Handler) error {
 		return err
 	}
 	return nil
+}
+
+// bury moves a dead entry out of the queue into FailedDir, or removes it
+// when FailedDir is full or the move fails, and says which.
+func (q DelQueue) bury(path, name string) string {
+	dir := filepath.Join(q.Dir, FailedDir)
+	if err := os.MkdirAll(dir, 0o700); err == nil {
+		if n, err := (DelQueue{Dir: dir}).entries(); err == nil && len(n) < MaxQueued {
+			if err := os.Rename(path, filepath.Join(dir, name)); err == nil {
+				return "moved to " + filepath.Join(dir, name)
+			}
+		}
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "could not be moved or removed: " + err.Error()
+	}
+	return "removed: " + dir + " is full or cannot be written"
 }
 
 // readBounded reads a file of at most limit bytes.

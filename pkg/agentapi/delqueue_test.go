@@ -29,6 +29,8 @@ type recorder struct {
 	mu   sync.Mutex
 	ran  []string
 	fail map[string]bool
+	// refuse: container IDs whose DEL fails with this CNI code.
+	refuse map[string]uint
 }
 
 func (r *recorder) Serve(ctx context.Context, req *agentapi.Request) agentapi.Answer {
@@ -37,6 +39,9 @@ func (r *recorder) Serve(ctx context.Context, req *agentapi.Request) agentapi.An
 	r.ran = append(r.ran, req.Plugin+"/"+req.ContainerID)
 	if r.fail[req.ContainerID] {
 		return agentapi.Answer{CNIError: types.NewError(types.ErrTryAgainLater, "etcd unreachable", "")}
+	}
+	if code, ok := r.refuse[req.ContainerID]; ok {
+		return agentapi.Answer{CNIError: types.NewError(code, "refused by the test", "")}
 	}
 	return agentapi.Answer{}
 }
@@ -168,8 +173,9 @@ func TestDrain(t *testing.T) {
 
 // What a crash can leave: a temporary file of a Put that died before its
 // rename (removed once older than a minute; a young one may be a Put under
-// way and stays) and, written by hand, a damaged entry and one of another
-// protocol version (both stay, reported, and do not stop the others).
+// way and stays) and, written by hand, a damaged entry (moved to failed/:
+// no retry can run it) and one of another protocol version (stays for an
+// agent of its version); both reported, neither stops the others.
 func TestDrainCrashLeftovers(t *testing.T) {
 	q := agentapi.DelQueue{Dir: t.TempDir()}
 	if err := q.Put(delOf(agentapi.PluginIPAM, "n1", "a")); err != nil {
@@ -197,22 +203,59 @@ func TestDrainCrashLeftovers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Done != 1 || rep.Failed != 2 || rep.TempRemoved != 1 {
-		t.Fatalf("drain %+v, want 1 done, 2 failed, 1 temporary file removed", rep)
+	if rep.Done != 1 || rep.Failed != 1 || rep.Dead != 1 || rep.TempRemoved != 1 {
+		t.Fatalf("drain %+v, want 1 done, 1 failed (v2), 1 dead (damaged), 1 temporary file removed", rep)
 	}
 	if len(h.ran) != 1 {
 		t.Fatalf("ran %v, want only the whole entry", h.ran)
 	}
-	joined := errors.Join(rep.Errs...).Error()
-	if !strings.Contains(joined, "undecodable") || !strings.Contains(joined, "agent API v2, this agent v1") {
-		t.Fatalf("errors %q do not name the damaged entry and the version", joined)
+	if joined := errors.Join(rep.Errs...).Error(); !strings.Contains(joined, "agent API v2, this agent v1") {
+		t.Fatalf("errors %q do not name the version", joined)
+	}
+	if joined := errors.Join(rep.DeadErrs...).Error(); !strings.Contains(joined, "undecodable") || !strings.Contains(joined, "moved to") {
+		t.Fatalf("dead errors %q do not name the damaged entry and where it went", joined)
+	}
+	if _, err := os.Stat(filepath.Join(q.Dir, agentapi.FailedDir, "damaged.json")); err != nil {
+		t.Fatalf("the damaged entry is not in %s: %v", agentapi.FailedDir, err)
 	}
 	for p, want := range map[string]bool{oldTemp: false, youngTemp: true} {
 		if _, err := os.Stat(p); (err == nil) != want {
 			t.Fatalf("%s present: %v, want %v", p, err == nil, want)
 		}
 	}
-	if n := queueLen(t, q); n != 2 {
-		t.Fatalf("%d entries left, want the damaged and the v2 one", n)
+	if n := queueLen(t, q); n != 1 {
+		t.Fatalf("%d entries left, want the v2 one", n)
+	}
+}
+
+// A DEL refused with a code no retry changes (7, invalid configuration)
+// leaves the queue for failed/ on its first drain, is not run again, and
+// a refusal that may pass (11) stays queued.
+func TestDrainMovesHopelessDELsAside(t *testing.T) {
+	q := agentapi.DelQueue{Dir: t.TempDir()}
+	for _, id := range []string{"bad-config", "busy", "fine"} {
+		if err := q.Put(delOf(agentapi.PluginIPAM, "n1", id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := &recorder{fail: map[string]bool{"busy": true}, refuse: map[string]uint{"bad-config": types.ErrInvalidNetworkConfig}}
+	rep, err := q.Drain(context.Background(), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Done != 1 || rep.Failed != 1 || rep.Dead != 1 {
+		t.Fatalf("drain %+v, want fine done, busy failed, bad-config dead", rep)
+	}
+	if joined := errors.Join(rep.DeadErrs...).Error(); !strings.Contains(joined, "refused by the test") {
+		t.Fatalf("dead errors %q do not carry the plugin's refusal", joined)
+	}
+	failed, err := os.ReadDir(filepath.Join(q.Dir, agentapi.FailedDir))
+	if err != nil || len(failed) != 1 {
+		t.Fatalf("%s holds %v (%v), want the one refused entry", agentapi.FailedDir, failed, err)
+	}
+	h = &recorder{}
+	rep, err = q.Drain(context.Background(), h)
+	if err != nil || rep.Done != 1 || rep.Dead != 0 || len(h.ran) != 1 || h.ran[0] != "ipam-ring/busy" {
+		t.Fatalf("second drain %+v, %v, ran %v; want only busy run", rep, err, h.ran)
 	}
 }

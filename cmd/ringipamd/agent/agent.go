@@ -841,6 +841,11 @@ func (a *Agent) drain(ctx context.Context, hs agentapi.Handlers, limit time.Dura
 	}
 	a.metrics.delQueue.WithLabelValues("ok").Add(float64(rep.Done))
 	a.metrics.delQueue.WithLabelValues("failed").Add(float64(rep.Failed))
+	a.metrics.delQueue.WithLabelValues("dead").Add(float64(rep.Dead))
+	if rep.Dead > 0 {
+		a.log.Error("queued DELs that can never succeed were moved out of the queue; what they would have freed is left to the network's CNI GC or ringctl release",
+			"dir", q.Dir, "dead", rep.Dead, "errs", errors.Join(rep.DeadErrs...))
+	}
 	if rep.Done > 0 || rep.TempRemoved > 0 {
 		a.log.Info("ran the DELs queued while no agent answered", "dir", q.Dir, "done", rep.Done, "tempFilesRemoved", rep.TempRemoved)
 	}

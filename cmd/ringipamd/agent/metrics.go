@@ -61,7 +61,7 @@ func newMetrics(snapshot func() *Snapshot) *metrics {
 		socketRefused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_agent_socket_refused_total",
 			Help: "Connections to the agent's socket closed or answered without running anything, by reason: peer (a process not running as root, closed unread), too-large (a request line over the limit), malformed (an undecodable request), version (another agent API version), plugin (an unknown plugin)."}, []string{"reason"}),
 		delQueue: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringipam_del_queue_runs_total",
-			Help: "DELs the plugins queued while no agent answered that this agent ran, by result (ok: released and removed from the queue; failed: left for the next drain)."}, []string{"result"}),
+			Help: "DELs the plugins queued while no agent answered that this agent ran, by result (ok: released and removed from the queue; failed: left for the next drain; dead: can never succeed (undecodable, or refused with CNI code 1, 2, 4, 6 or 7), moved to the queue's failed/ directory)."}, []string{"result"}),
 		routes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ringipam_routes",
 			Help: "With --routes: routes to other hosts' ranges by state (installed: in the kernel as planned; failed: planned but refused by the kernel; refused: ranges of other live hosts the plan cannot route, e.g. a next hop not on a directly connected network)."}, []string{"state"}),
 		snapshotFn: snapshot,
@@ -69,7 +69,7 @@ func newMetrics(snapshot func() *Snapshot) *metrics {
 	for _, reason := range []string{"peer", "too-large", "malformed", "version", "plugin"} {
 		m.socketRefused.WithLabelValues(reason) // shown from 0
 	}
-	for _, result := range []string{"ok", "failed"} {
+	for _, result := range []string{"ok", "failed", "dead"} {
 		m.delQueue.WithLabelValues(result)
 	}
 	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.calls, m.socketRefused, m.delQueue, m.routes, m,
