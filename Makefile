@@ -2,7 +2,8 @@
 #
 #   make build   every command into bin/
 #   make test    deps, format check, vet, unit tests (-race), then the
-#                integration tests (-race, real etcd/netns/docker; needs root)
+#                integration tests (-race, real etcd/netns/docker; needs root),
+#                integration/k8s last (its control plane builds meanwhile)
 #   make bench   deps, build, all benchmarks (BENCHTIME each; heavy ones run once)
 #   make demo    deps, build, scripts/demo.sh
 #   make lint    format check, vet (both build tags), staticcheck if installed
@@ -40,7 +41,7 @@ for d in plugins/*/ cmd/*/ docker-driver/; do \
 done
 endef
 
-.PHONY: tidy-check ci-nonroot-check all build deps image test unit model-check integration fmt-check vet lint bench fuzz chaos demo docker-plugin clean distclean
+.PHONY: tidy-check ci-nonroot-check all build deps image test unit model-check integration integration-k8s fmt-check vet lint bench fuzz chaos demo docker-plugin clean distclean
 
 all: build
 
@@ -52,8 +53,12 @@ build:
 		CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/$$n ./$$d; \
 	done
 
+# The Kubernetes control plane (integration/k8s) builds in the foreground
+# for make deps; make test starts it in the background (K8S_BUILD=background)
+# so that it overlaps the other suites, and integration-k8s waits for it.
+K8S_BUILD ?= yes
 deps:
-	scripts/install-deps.sh
+	RINGIPAM_K8S_BUILD=$(K8S_BUILD) scripts/install-deps.sh
 
 fmt-check:
 	@out=$$(gofmt -l $$(find . -name '*.go' -not -path './.cache/*' -not -path './.git/*')); \
@@ -82,15 +87,26 @@ model-check:
 # -count=1: the suites build the plugins, driver and agent they run, which
 # go test's result cache does not see, so a cached pass may not have run the
 # code being tested.
+# integration/k8s runs last, on its own (integration-k8s): it needs the
+# Kubernetes binaries, which may still be building when the others start.
 integration:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/.testsummary ./internal/testsummary
-	$(GO) test -json -race -tags integration -count=1 -p 1 -timeout $(INTEGRATION_TIMEOUT) -skip '^TestModelCheck' ./... | $(BIN)/.testsummary
+	$(GO) test -json -race -tags integration -count=1 -p 1 -timeout $(INTEGRATION_TIMEOUT) -skip '^TestModelCheck' \
+		$$($(GO) list -tags integration ./... | grep -v '/integration/k8s$$') | $(BIN)/.testsummary
+
+K8S_TIMEOUT ?= 20m
+integration-k8s:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/.testsummary ./internal/testsummary
+	scripts/build-k8s.sh
+	$(GO) test -json -race -tags integration -count=1 -timeout $(K8S_TIMEOUT) ./integration/k8s/ | $(BIN)/.testsummary
 
 # As a non-root user with CI=true a real-parts suite fails and names itself.
 ci-nonroot-check:
 	scripts/ci-nonroot-check.sh
 
+test: K8S_BUILD = background
 test: deps fmt-check tidy-check vet unit model-check ci-nonroot-check integration
 
 # go.mod and go.sum must be what `go mod tidy` makes of the code.

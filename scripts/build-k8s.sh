@@ -18,6 +18,16 @@ if ! command -v go >/dev/null && [[ -x /usr/local/go/bin/go ]]; then
 	export PATH=/usr/local/go/bin:$PATH
 fi
 
+mkdir -p "$OUT"
+# One build at a time: a second run (make test's, while install-deps's
+# background build is under way) waits for the first, then finds the stamp
+# current. The wait is bounded.
+exec 9>"$OUT/.lock"
+if ! flock -w "${RINGIPAM_K8S_BUILD_WAIT:-2400}" 9; then
+	log "error: another build-k8s.sh still holds $OUT/.lock after ${RINGIPAM_K8S_BUILD_WAIT:-2400} s"
+	exit 1
+fi
+
 want=$(cat tools/k8s/go.mod tools/k8s/go.sum | sha256sum | cut -d' ' -f1)
 have_all=1
 for t in "${TOOLS[@]}"; do [[ -x "$OUT/$t" ]] || have_all=0; done
@@ -26,7 +36,6 @@ if ((have_all)) && [[ -f "$STAMP" && $(<"$STAMP") == "$want" ]]; then
 	exit 0
 fi
 
-mkdir -p "$OUT"
 log "building ${TOOLS[*]} into $OUT (about 12 minutes on 2 cores the first time)"
 start=$SECONDS
 # Static binaries (no cgo), stripped: faster to link, smaller to cache.

@@ -4,7 +4,14 @@
 #      touching apt only when one is missing;
 #   2. the reference CNI tools (cnitool, bridge, ptp, loopback, macvlan,
 #      host-local, portmap) built from their Go modules at pinned versions
-#      into ./.cache/bin, skipping any already built at that version.
+#      into ./.cache/bin, skipping any already built at that version;
+#   3. the Kubernetes control plane integration/k8s runs (scripts/build-k8s.sh:
+#      kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
+#      v1.36.3 into ./.cache/bin/k8s; about 12 minutes the first time).
+#      RINGIPAM_K8S_BUILD=background starts it detached (niced, logging to
+#      .cache/build-k8s.log) and returns: make test does, and runs
+#      build-k8s.sh again before integration/k8s, which waits for it (a
+#      lock) and fails if it failed. RINGIPAM_K8S_BUILD=no skips it.
 # Runs unattended (CI=true, no stdin). Needs root only when a package is
 # missing. Re-running it changes nothing.
 set -euo pipefail
@@ -85,3 +92,15 @@ for tool in "${TOOLS[@]}"; do
 	printf '%s\n' "$tool" >"$stamp"
 done
 log "CNI tools in $BIN: $(cd "$BIN" && ls | tr '\n' ' ')"
+
+# --- 3. the Kubernetes control plane (integration/k8s) -------------------------
+case ${RINGIPAM_K8S_BUILD:-yes} in
+no) log "Kubernetes binaries: skipped (RINGIPAM_K8S_BUILD=no)" ;;
+background)
+	command -v setsid >/dev/null || die "setsid (util-linux) missing"
+	log "Kubernetes binaries: building in the background (log: .cache/build-k8s.log)"
+	setsid -f nice -n 10 scripts/build-k8s.sh >"$ROOT/.cache/build-k8s.log" 2>&1 </dev/null
+	;;
+yes) scripts/build-k8s.sh ;;
+*) die "RINGIPAM_K8S_BUILD=${RINGIPAM_K8S_BUILD}: want yes, background or no" ;;
+esac
