@@ -29,7 +29,13 @@ const DefaultOrphanAfter = 48 * time.Hour
 
 // hostRecord is what the store keeps about a host itself.
 type hostRecord struct {
-	Addr string `json:"addr,omitempty"` // where other hosts forward its ingress ports
+	// Addr is where other hosts forward its ingress ports and route its
+	// ranges: the first address of its agent's --addr, the only one
+	// before dual-stack hosts (and what older agents still read).
+	Addr string `json:"addr,omitempty"`
+	// Addrs are all of --addr's addresses (at most one per family), only
+	// when there are more than one; Addr is then Addrs[0].
+	Addrs []string `json:"as,omitempty"`
 	Seen int64  `json:"s,omitempty"`    // last heartbeat (Unix seconds)
 	// Checked is when a verb that committed nothing last refreshed the
 	// host's last-seen time (Unix seconds), written at most every
@@ -74,7 +80,10 @@ type HostInfo struct {
 	Name     string
 	State    HostState
 	Agent    bool      // it has a host record (an agent has run there)
-	Addr     string    // its recorded address, if any
+	// Addr is its recorded address, if any: its agent's --addr, one
+	// address per family separated by a comma ("198.18.0.1,fd00::1");
+	// AddrList splits it.
+	Addr     string
 	LastSeen time.Time // latest of heartbeat and allocations; zero if never
 	// OrphanedAt is when it was orphaned and reclaimed; zero if it was not
 	// (or the host acknowledged it since).
@@ -88,8 +97,48 @@ type HostInfo struct {
 	Pools  []string // pools it has state in
 }
 
+// AddrList returns h's recorded addresses, one per family ("" parts left
+// out); nil when it has none.
+func (h HostInfo) AddrList() []string { return SplitAddrs(h.Addr) }
+
+// SplitAddrs splits an --addr value ("198.18.0.1,fd00::1") into its
+// addresses, spaces trimmed and empty parts left out. It does not parse
+// them.
+func SplitAddrs(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// addr is the record's addresses as HostInfo.Addr reports them: Addrs
+// joined, or for a record written before dual-stack hosts its one Addr.
+func (r hostRecord) addr() string {
+	if len(r.Addrs) > 0 {
+		return strings.Join(r.Addrs, ",")
+	}
+	return r.Addr
+}
+
+// setAddr records addr (an --addr value, one address per family) in the
+// form older readers understand too: the first address in Addr.
+func (r *hostRecord) setAddr(addr string) {
+	as := SplitAddrs(addr)
+	r.Addr, r.Addrs = "", nil
+	if len(as) > 0 {
+		r.Addr = as[0]
+	}
+	if len(as) > 1 {
+		r.Addrs = as
+	}
+}
+
 // Heartbeat records that this host is alive now and where it can be reached
-// (addr, may be empty), and returns its record as it was: a host that was
+// (addr, may be empty: an --addr value, one address per family separated by
+// commas), and returns its record as it was: a host that was
 // orphaned while it was away learns it here (OrphanedAt set). A non-nil
 // routes replaces the record's routes summary (nil keeps it; an empty
 // summary with Digest "" removes it).
@@ -110,8 +159,8 @@ func (a *Allocator) Heartbeat(ctx context.Context, addr string, routes *RoutesSu
 		}
 		rec := before
 		rec.Seen = a.now().Unix()
-		if addr != "" {
-			rec.Addr = addr
+		if len(SplitAddrs(addr)) > 0 {
+			rec.setAddr(addr)
 		}
 		switch {
 		case routes == nil:
@@ -126,7 +175,7 @@ func (a *Allocator) Heartbeat(ctx context.Context, addr string, routes *RoutesSu
 	if err != nil {
 		return HostInfo{}, err
 	}
-	info := HostInfo{Name: a.host, Agent: true, Addr: before.Addr, Reclaimed: before.Reclaimed}
+	info := HostInfo{Name: a.host, Agent: true, Addr: before.addr(), Reclaimed: before.Reclaimed}
 	if before.Orphaned != 0 {
 		info.OrphanedAt = time.Unix(before.Orphaned, 0)
 	}
@@ -224,7 +273,7 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 			return nil, fmt.Errorf("%s: corrupt host record: %w", kv.Key, err)
 		}
 		h := info(strings.TrimPrefix(kv.Key, prefixHostRecord))
-		h.Agent, h.Addr, h.Reclaimed, h.Routes = rec.Seen != 0 || rec.Addr != "", rec.Addr, rec.Reclaimed, rec.Routes
+		h.Agent, h.Addr, h.Reclaimed, h.Routes = rec.Seen != 0 || rec.addr() != "", rec.addr(), rec.Reclaimed, rec.Routes
 		seen(h, rec.Seen)
 		seen(h, rec.Checked)
 		if rec.Orphaned != 0 {

@@ -16,22 +16,28 @@ import (
 type Host struct {
 	Name  string
 	State pool.HostState
-	// Addrs are where the host is reached (its agent's --addr); the next
-	// hop of a pool is its address of the pool's family.
+	// Addrs are where the host is reached (its agent's --addr, at most
+	// one address per family); the next hop of a pool is its address of
+	// the pool's family.
 	Addrs []netip.Addr
 	// Recorded is the address as the store holds it, for messages (set by
-	// HostsFrom; it may fail to parse).
+	// HostsFrom; one address per family separated by commas; a part may
+	// fail to parse).
 	Recorded string
 }
 
 // HostsFrom turns the store's host list (pool.Allocator.Hosts) into the
-// planner's hosts: the recorded --addr parsed as an IP address.
+// planner's hosts: each address of the recorded --addr parsed as an IP
+// address (a record of one address, as agents before dual-stack hosts
+// wrote it, gives one).
 func HostsFrom(infos []pool.HostInfo) []Host {
 	out := make([]Host, 0, len(infos))
 	for _, i := range infos {
 		h := Host{Name: i.Name, State: i.State, Recorded: i.Addr}
-		if a, err := netip.ParseAddr(i.Addr); err == nil {
-			h.Addrs = []netip.Addr{a.Unmap()}
+		for _, s := range i.AddrList() {
+			if a, err := netip.ParseAddr(s); err == nil {
+				h.Addrs = append(h.Addrs, a.Unmap())
+			}
 		}
 		out = append(out, h)
 	}
@@ -152,12 +158,6 @@ func nextHop(in Input, h Host, is4 bool) (netip.Addr, string) {
 	if is4 {
 		fam = "IPv4"
 	}
-	if len(h.Addrs) == 0 && h.Recorded != "" {
-		return netip.Addr{}, fmt.Sprintf("the host's recorded address %q is not an IP address", h.Recorded)
-	}
-	if len(h.Addrs) == 0 {
-		return netip.Addr{}, "the host has no recorded address (its agent runs without --addr)"
-	}
 	var via netip.Addr
 	for _, a := range h.Addrs {
 		if a = a.Unmap(); a.Is4() == is4 {
@@ -166,7 +166,16 @@ func nextHop(in Input, h Host, is4 bool) (netip.Addr, string) {
 		}
 	}
 	if !via.IsValid() {
-		return netip.Addr{}, fmt.Sprintf("the host has no %s address (--addr %s); a %s pool needs a next hop of its family", fam, joinAddrs(h.Addrs), fam)
+		for _, s := range pool.SplitAddrs(h.Recorded) {
+			if _, err := netip.ParseAddr(s); err != nil {
+				return netip.Addr{}, fmt.Sprintf("the host's recorded address %q is not an IP address", s)
+			}
+		}
+		if len(h.Addrs) == 0 {
+			return netip.Addr{}, "the host has no recorded address (its agent runs without --addr)"
+		}
+		return netip.Addr{}, fmt.Sprintf("the host has no %s address (--addr %s); an %s pool needs a next hop of its family: "+
+			"give its agent one address per family (--addr <IPv4>,<IPv6>)", fam, joinAddrs(h.Addrs), fam)
 	}
 	for _, p := range in.OnLink {
 		if p.Addr().Unmap() == via {

@@ -195,6 +195,45 @@ func TestPlan(t *testing.T) {
 			},
 		},
 		{
+			name: "dual-stack hosts from the store: one address per family, either order",
+			in: Input{Self: "a", OnLink: lan,
+				Pools: []Pool{
+					{def6, ring("p6", own("fd00:1::2", "fd00:1::7f", "b"), own("fd00:1::80", "fd00:1::ff", "c"))},
+					{def4, ring("p4", own("10.0.0.2", "10.0.0.127", "c"), own("10.0.0.128", "10.0.0.254", "a"))}},
+				Hosts: HostsFrom([]pool.HostInfo{
+					{Name: "b", State: up, Addr: "192.168.1.11,fd99::11"},
+					{Name: "c", State: pool.HostDown, Addr: "fd99::12,192.168.1.12"}})},
+			want: []Route{
+				rt("10.0.0.2/31", "192.168.1.12", "c", "p4"), rt("10.0.0.4/30", "192.168.1.12", "c", "p4"),
+				rt("10.0.0.8/29", "192.168.1.12", "c", "p4"), rt("10.0.0.16/28", "192.168.1.12", "c", "p4"),
+				rt("10.0.0.32/27", "192.168.1.12", "c", "p4"), rt("10.0.0.64/26", "192.168.1.12", "c", "p4"),
+				rt("fd00:1::2/127", "fd99::11", "b", "p6"), rt("fd00:1::4/126", "fd99::11", "b", "p6"),
+				rt("fd00:1::8/125", "fd99::11", "b", "p6"), rt("fd00:1::10/124", "fd99::11", "b", "p6"),
+				rt("fd00:1::20/123", "fd99::11", "b", "p6"), rt("fd00:1::40/122", "fd99::11", "b", "p6"),
+				rt("fd00:1::80/121", "fd99::12", "c", "p6"),
+			},
+		},
+		{
+			name: "old single-address record: its family routed, the other refused",
+			in: Input{Self: "a", OnLink: lan,
+				Pools: []Pool{
+					{def6, ring("p6", own("fd00:1::2", "fd00:1::ff", "b"))},
+					{def4, ring("p4", own("10.0.0.2", "10.0.0.63", "a"), own("10.0.0.64", "10.0.0.127", "b"), own("10.0.0.128", "10.0.0.254", "a"))}},
+				Hosts: HostsFrom([]pool.HostInfo{{Name: "b", State: up, Addr: "192.168.1.11"}})},
+			want:    []Route{rt("10.0.0.64/26", "192.168.1.11", "b", "p4")},
+			refused: []string{"host b not routed: the host has no IPv6 address (--addr 192.168.1.11); an IPv6 pool needs a next hop of its family: give its agent one address per family (--addr <IPv4>,<IPv6>)"},
+		},
+		{
+			name: "dual-stack record with an IPv6 part that is not an IP: IPv4 routed, IPv6 refused",
+			in: Input{Self: "a", OnLink: lan,
+				Pools: []Pool{
+					{def6, ring("p6", own("fd00:1::2", "fd00:1::ff", "b"))},
+					{def4, ring("p4", own("10.0.0.64", "10.0.0.127", "b"))}},
+				Hosts: HostsFrom([]pool.HostInfo{{Name: "b", State: up, Addr: "192.168.1.11,fd99::zz"}})},
+			want:    []Route{rt("10.0.0.64/26", "192.168.1.11", "b", "p4")},
+			refused: []string{`the host's recorded address "fd99::zz" is not an IP address`},
+		},
+		{
 			name: "IPv6 pool, host with only an IPv4 address: refused",
 			in: Input{Self: "a", OnLink: lan,
 				Pools: []Pool{{def6, ring("p6", own("fd00:1::2", "fd00:1::ff", "b"))}},

@@ -177,13 +177,19 @@ func renderRoutes(p printer, s Status) {
 		if r.Refused > 0 {
 			held += fmt.Sprintf(", %d ranges refused", r.Refused)
 		}
+		// The host and where other hosts route its ranges: its --addr,
+		// one address per family on a dual-stack host.
+		name := h.Name
+		if as := pool.SplitAddrs(h.Addr); len(as) > 0 {
+			name += " (" + strings.Join(as, ", ") + ")"
+		}
 		switch {
 		case h.State != string(pool.HostUp):
-			p.line("  %s: %s when last reported (%s); the host is %s", h.Name, held, ago(s.Time, r.Reported), h.State)
+			p.line("  %s: %s when last reported (%s); the host is %s", name, held, ago(s.Time, r.Reported), h.State)
 		case r.Matches:
-			p.line("  %s: %s, matches the ring", h.Name, held)
+			p.line("  %s: %s, matches the ring", name, held)
 		default:
-			p.line("  %s: %s, DIFFERS from the ring (wants %d; reported %s)", h.Name, held, len(r.Ring), ago(s.Time, r.Reported))
+			p.line("  %s: %s, DIFFERS from the ring (wants %d; reported %s)", name, held, len(r.Ring), ago(s.Time, r.Reported))
 		}
 		verb := ""
 		if !r.Matches {

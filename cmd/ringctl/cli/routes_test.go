@@ -23,7 +23,8 @@ func TestStatusRoutes(t *testing.T) {
 	ctx := context.Background()
 	w := newWorld(t)
 	onLink := []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}
-	addrs := map[string]string{"node-a": "198.18.1.1", "node-b": "198.18.1.2", "node-c": "198.18.1.3"}
+	// node-a is dual-stack (one address per family).
+	addrs := map[string]string{"node-a": "198.18.1.1,fd00:1::1", "node-b": "198.18.1.2", "node-c": "198.18.1.3"}
 	for h, addr := range addrs {
 		if _, err := w.hosts[h].Heartbeat(ctx, addr, nil); err != nil {
 			t.Fatal(err)
@@ -99,10 +100,10 @@ func TestStatusRoutes(t *testing.T) {
 		span[r.Host] = r.Start.String() + "-" + r.End.String()
 	}
 	want := []string{
-		"  node-a: " + strconv.Itoa(len(pa.Routes)) + " held, 2 ranges refused, matches the ring\n",
+		"  node-a (198.18.1.1, fd00:1::1): " + strconv.Itoa(len(pa.Routes)) + " held, 2 ranges refused, matches the ring\n",
 		"    pool net-0: node-b via 198.18.1.2: " + span["node-b"] + " (",
 		"    pool net-0: node-c via 198.18.1.3: " + span["node-c"] + " (",
-		"  node-b: " + strconv.Itoa(len(pb.Routes)-1) + " held, 2 ranges refused, DIFFERS from the ring (wants " + strconv.Itoa(len(pb.Routes)) + "; reported now)\n" +
+		"  node-b (198.18.1.2): " + strconv.Itoa(len(pb.Routes)-1) + " held, 2 ranges refused, DIFFERS from the ring (wants " + strconv.Itoa(len(pb.Routes)) + "; reported now)\n" +
 			"    wanted: pool net-0: node-a via 198.18.1.1: " + span["node-a"] + " (",
 		"    wanted: pool net-0: node-c via 198.18.1.3: " + span["node-c"] + " (",
 	}
@@ -111,7 +112,7 @@ func TestStatusRoutes(t *testing.T) {
 			t.Errorf("status text lacks %q:\n%s", x, text)
 		}
 	}
-	if strings.Contains(text, "  node-c: ") {
+	if strings.Contains(text, "  node-c (") {
 		t.Errorf("status shows routes of node-c, which reported none:\n%s", text)
 	}
 
@@ -122,7 +123,7 @@ func TestStatusRoutes(t *testing.T) {
 	s, _ = w.ctl.Status(ctx, "")
 	out.Reset()
 	RenderStatus(&out, s)
-	if x := "node-b: " + strconv.Itoa(len(pb.Routes)-1) + " held, 2 ranges refused when last reported (now); the host is down"; !strings.Contains(out.String(), x) {
+	if x := "node-b (198.18.1.2): " + strconv.Itoa(len(pb.Routes)-1) + " held, 2 ranges refused when last reported (now); the host is down"; !strings.Contains(out.String(), x) {
 		t.Errorf("status text lacks %q:\n%s", x, out.String())
 	}
 }

@@ -28,6 +28,8 @@ func TestDesiredForwards(t *testing.T) {
 		{Address: portalloc.Address{Protocol: "tcp", Number: 9003}, State: portalloc.AddrState{Ingress: "port/n/x/eth0", IngressHost: "noaddr"}},
 		{Address: portalloc.Address{Protocol: "tcp", Number: 9004}, State: portalloc.AddrState{Ingress: "port/n/y/eth0", IngressHost: "stranger"}},
 		{Address: portalloc.Address{Protocol: "tcp", Number: 9005}, State: portalloc.AddrState{Ingress: "port/n/z/eth0", IngressHost: "v6"}},
+		{Address: portalloc.Address{Protocol: "tcp", Number: 9006}, State: portalloc.AddrState{Ingress: "port/n/d/eth0", IngressHost: "dual"}},
+		{Address: portalloc.Address{Protocol: "tcp", Number: 9007}, State: portalloc.AddrState{Ingress: "port/n/e/eth0", IngressHost: "halfbad"}},
 	}
 	hosts := []pool.HostInfo{
 		{Name: "a", State: pool.HostUp, Addr: "198.18.0.1"},
@@ -36,11 +38,18 @@ func TestDesiredForwards(t *testing.T) {
 		{Name: "gone", State: pool.HostOrphaned, Addr: "198.18.0.4"},
 		{Name: "noaddr", State: pool.HostUp},
 		{Name: "v6", State: pool.HostUp, Addr: "2001:db8::6"},
+		{Name: "dual", State: pool.HostUp, Addr: "2001:db8::7,198.18.0.7"},
+		{Name: "halfbad", State: pool.HostUp, Addr: "198.18.0.8,nohost"},
 	}
 	got, problems := DesiredForwards("me", ports, hosts)
 	want := []Forward{
 		{Protocol: "tcp", Port: 8080, To: netip.MustParseAddr("198.18.0.1"), Host: "a", Endpoint: "port/n/a/eth0"},
 		{Protocol: "tcp", Port: 9005, To: netip.MustParseAddr("2001:db8::6"), Host: "v6", Endpoint: "port/n/z/eth0"},
+		// A dual-stack holder: each family's packets to its address of
+		// that family.
+		{Protocol: "tcp", Port: 9006, To: netip.MustParseAddr("198.18.0.7"), Host: "dual", Endpoint: "port/n/d/eth0"},
+		{Protocol: "tcp", Port: 9006, To: netip.MustParseAddr("2001:db8::7"), Host: "dual", Endpoint: "port/n/d/eth0"},
+		{Protocol: "tcp", Port: 9007, To: netip.MustParseAddr("198.18.0.8"), Host: "halfbad", Endpoint: "port/n/e/eth0"},
 		{Protocol: "udp", Port: 53, To: netip.MustParseAddr("198.18.0.2"), Host: "b", Endpoint: "port/n/b/eth0"},
 	}
 	if len(got) != len(want) {
@@ -51,7 +60,8 @@ func TestDesiredForwards(t *testing.T) {
 			t.Errorf("forward %d: %v, want %v", i, got[i], want[i])
 		}
 	}
-	if len(problems) != 2 || !strings.Contains(problems[0], "no recorded address") || !strings.Contains(problems[1], "unknown host stranger") {
+	if len(problems) != 3 || !strings.Contains(problems[0], "no recorded address") || !strings.Contains(problems[1], "unknown host stranger") ||
+		!strings.Contains(problems[2], `recorded address "nohost" is not an IP`) {
 		t.Errorf("problems %q", problems)
 	}
 }
@@ -258,8 +268,33 @@ func TestLoadConfig(t *testing.T) {
 		cfg.Store.DelQueue != "/var/q" {
 		t.Fatalf("%+v", cfg)
 	}
+	// Dual-stack: one address per family, comma-separated or repeated;
+	// the flag replaces RINGIPAMD_ADDR, repeated flags add up.
+	for _, c := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{[]string{"--addr", " 198.18.0.5, fd00::5 "}, "", "198.18.0.5,fd00::5"},
+		{[]string{"--addr", "fd00::5", "--addr", "198.18.0.5"}, "", "fd00::5,198.18.0.5"},
+		{[]string{"--addr", "198.18.0.5"}, "fd00::9", "198.18.0.5"},
+		{nil, "198.18.0.9,fd00::9", "198.18.0.9,fd00::9"},
+	} {
+		cfg, err := LoadConfig(append([]string{"--host", "n1"}, c.args...), func(k string) string {
+			if k == "RINGIPAMD_ADDR" {
+				return c.env
+			}
+			return ""
+		}, io.Discard)
+		if err != nil || cfg.Addr != c.want {
+			t.Errorf("%q with RINGIPAMD_ADDR=%q: addr %q, %v; want %q", c.args, c.env, cfg.Addr, err, c.want)
+		}
+	}
 	for _, bad := range [][]string{
 		{"--addr", "not-an-ip"},
+		{"--addr", "198.18.0.5,198.18.0.6"},
+		{"--addr", "fd00::5", "--addr", "fd00::6"},
+		{"--addr", "198.18.0.5,fd00::5,nohost"},
 		{"--lease-ttl", "1s"},
 		{"--store", "etcd"},
 		{"--log-level", "loud"},

@@ -43,8 +43,10 @@ type Config struct {
 	// and Docker driver use (default: the machine's host name).
 	Host string `json:"host"`
 	// Addr is where other hosts reach this host's published ingress
-	// ports (an address of this host on the cluster network). Empty: no
-	// other host forwards here.
+	// ports and route its ranges (--routes): this host's address on the
+	// cluster network, or one per family separated by a comma
+	// ("198.18.0.1,fd00::1") on a dual-stack cluster. Empty: no other
+	// host forwards or routes here.
 	Addr  string             `json:"addr"`
 	Store storeconfig.Config `json:"store"`
 	// Listen serves /metrics, the status page and /status.json; "off"
@@ -120,7 +122,9 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.SetOutput(usage)
 	fs.String("config", path, "JSON configuration file (see conf/ringipamd.json)")
 	fs.StringVar(&cfg.Host, "host", cfg.Host, "this host's name in the ring, as its plugins use it (default: the machine's hostname)")
-	fs.StringVar(&cfg.Addr, "addr", cfg.Addr, "this host's address on the cluster network, where other hosts forward its ingress ports")
+	addr := &addrFlag{p: &cfg.Addr}
+	fs.Var(addr, "addr", "this host's address on the cluster network, where other hosts forward its ingress ports and route its ranges; "+
+		"dual-stack: one per family, comma-separated or the flag repeated (198.18.0.1,fd00::1)")
 	var storeFlags storeconfig.Flags
 	storeFlags.Register(fs)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, `serve /metrics and the status page here ("off": nothing)`)
@@ -158,6 +162,7 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	if envErr != nil {
 		return Config{}, fmt.Errorf("%w: %w", ErrConfig, envErr)
 	}
+	addr.fresh = false // a repeated --addr adds to the flags' own, not to RINGIPAMD_ADDR's
 	if err := fs.Parse(args); err != nil {
 		return Config{}, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
@@ -191,10 +196,8 @@ func (c *Config) complete() error {
 	if err := c.Store.Validate(); err != nil {
 		return fmt.Errorf("%w: store: %w", ErrConfig, err)
 	}
-	if c.Addr != "" {
-		if _, err := netip.ParseAddr(c.Addr); err != nil {
-			return fmt.Errorf("%w: addr %q is not an IP address", ErrConfig, c.Addr)
-		}
+	if _, err := c.addrs(); err != nil {
+		return err
 	}
 	for name, d := range map[string]storeconfig.Duration{"heartbeat": c.Heartbeat, "sweep-interval": c.SweepInterval,
 		"sync-interval": c.SyncInterval, "status-refresh": c.StatusRefresh, "timeout": c.Timeout} {
@@ -224,6 +227,55 @@ func (c *Config) complete() error {
 	if _, err := ParseLevel(c.LogLevel); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	return nil
+}
+
+// addrs parses Addr: its addresses, at most one per family, in the order
+// given; it also puts Addr in canonical form (spaces out, addresses as
+// netip prints them).
+func (c *Config) addrs() ([]netip.Addr, error) {
+	var out []netip.Addr
+	var canon []string
+	for _, s := range pool.SplitAddrs(c.Addr) {
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			return nil, fmt.Errorf("%w: addr %q is not an IP address (one address, or one per family separated by a comma)", ErrConfig, s)
+		}
+		a = a.Unmap()
+		for _, b := range out {
+			if b.Is4() == a.Is4() {
+				return nil, fmt.Errorf("%w: addr %q gives two addresses of one family (%s and %s): give at most one IPv4 and one IPv6 address", ErrConfig, c.Addr, b, a)
+			}
+		}
+		out = append(out, a)
+		canon = append(canon, a.String())
+	}
+	c.Addr = strings.Join(canon, ",")
+	return out, nil
+}
+
+// addrFlag is --addr: given once, it replaces the value of the file or the
+// environment; repeated, the addresses add up (--addr 198.18.0.1 --addr
+// fd00::1 is --addr 198.18.0.1,fd00::1).
+type addrFlag struct {
+	p     *string
+	fresh bool // set once already in this pass
+}
+
+func (f *addrFlag) String() string {
+	if f == nil || f.p == nil {
+		return ""
+	}
+	return *f.p
+}
+
+func (f *addrFlag) Set(v string) error {
+	if f.fresh && *f.p != "" {
+		*f.p += "," + v
+	} else {
+		*f.p = v
+	}
+	f.fresh = true
 	return nil
 }
 
