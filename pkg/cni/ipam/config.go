@@ -95,6 +95,14 @@ type Config struct {
 	RangeSets  []RangeSet
 	Routes     []*types.Route
 	DNS        types.DNS
+	// IPv6ViaGateway ("ipv6ViaGateway": true) adds to the result, for every
+	// IPv6 address with a gateway, a route for its subnet through the
+	// gateway with metric SubnetViaGatewayMetric, below the kernel's 256
+	// of the on-link prefix route: the container then sends every address
+	// of the subnet to the host, which delivers its own on the bridge and
+	// routes other hosts' through ringipamd --routes (no range-wide proxy
+	// NDP exists for IPv6). Bridge networks in gatewayMode shared only.
+	IPv6ViaGateway bool
 	// Reservation is the stable name the owner's addresses are kept under
 	// (CNI_ARGS RESERVATION=, or K8S_POD_NAMESPACE/K8S_POD_NAME when
 	// reservationFromPod is set); empty for none.
@@ -152,6 +160,7 @@ type ipamJSON struct {
 	Timeout            string          `json:"timeout"`
 	ReservationHold    string          `json:"reservationHold"`
 	Isolated           bool            `json:"isolated"`
+	IPv6ViaGateway     bool            `json:"ipv6ViaGateway"`
 	// host-local's legacy single range, accepted like host-local does.
 	Subnet     string `json:"subnet"`
 	RangeStart string `json:"rangeStart"`
@@ -245,6 +254,7 @@ func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 		Routes:          im.Routes,
 		DNS:             im.DNS,
 		GatewayMode:     GatewayMode(im.GatewayMode),
+		IPv6ViaGateway:  im.IPv6ViaGateway,
 		ReservationHold: pool.DefaultReservationHold,
 		Chained:         n.Chained,
 	}
@@ -292,6 +302,16 @@ func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 		c.PerContainerPrefix = PrefixHost
 	default:
 		return nil, badConfig("perContainerPrefix %q is unknown; use \"range\" or \"host\"", im.PerContainerPrefix)
+	}
+	if c.IPv6ViaGateway {
+		switch {
+		case c.GatewayMode != GatewayShared:
+			return nil, badConfig("ipv6ViaGateway needs gatewayMode \"shared\" (a bridge network): per-container gateways send every address to the host already")
+		case n.Type == "ptp":
+			// ptp deletes "the" on-link prefix route after
+			// configuring the interface and would delete this one.
+			return nil, badConfig("ipv6ViaGateway is for bridge networks: ptp sends every address to the host already (and would remove this route instead of the on-link one)")
+		}
 	}
 	for i, r := range c.Routes {
 		if r == nil || r.Dst.IP == nil {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/ringipam/ringipam/pkg/containernet"
@@ -239,9 +240,37 @@ func Add(ctx context.Context, a Allocator, c *Config, at Attachment) (*current.R
 	return &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
 		IPs:        ips,
-		Routes:     c.Routes,
+		Routes:     c.resultRoutes(ips),
 		DNS:        c.DNS,
 	}, nil
+}
+
+// SubnetViaGatewayMetric is the metric of the subnet routes ipv6ViaGateway
+// adds: below 256, the metric of the on-link prefix route the kernel adds
+// with an IPv6 address, so the route through the gateway wins. (IPv4 has
+// no such choice: its on-link route has metric 0, and IPv4 keeps proxy
+// ARP on the bridge.)
+const SubnetViaGatewayMetric = 100
+
+// resultRoutes is the configured routes, and with IPv6ViaGateway one route
+// per IPv6 address with a gateway: its subnet through the gateway, metric
+// SubnetViaGatewayMetric.
+func (c *Config) resultRoutes(ips []*current.IPConfig) []*types.Route {
+	if !c.IPv6ViaGateway {
+		return c.Routes
+	}
+	out := slices.Clone(c.Routes)
+	for _, ipc := range ips {
+		if ipc.Address.IP.To4() != nil || ipc.Gateway == nil {
+			continue
+		}
+		subnet := net.IPNet{IP: ipc.Address.IP.Mask(ipc.Address.Mask), Mask: ipc.Address.Mask}
+		if ones, bits := subnet.Mask.Size(); ones == bits {
+			continue // a /128 has no on-link neighbours
+		}
+		out = append(out, &types.Route{Dst: subnet, GW: ipc.Gateway, Priority: SubnetViaGatewayMetric})
+	}
+	return out
 }
 
 // Del releases everything attachment at holds on c's network (in

@@ -417,3 +417,60 @@ func TestContainerdSequence(t *testing.T) {
 		t.Fatalf("at the end the store holds %v", h)
 	}
 }
+
+// TestIPv6ViaGateway: with "ipv6ViaGateway" the result carries, for the
+// IPv6 address only, a route for its subnet through the gateway with a
+// metric below the kernel's 256 of the on-link prefix route, after the
+// configured routes, and printed with its priority whatever the CNI
+// version asked for; without the key the routes are the configured ones. It
+// is refused for ptp and per-container gateways, where it would do harm.
+func TestIPv6ViaGateway(t *testing.T) {
+	ctx := context.Background()
+	a := newAlloc(t, memory.New(), "h1")
+	via := strings.Replace(dual, `"host":"h1",`, `"host":"h1","ipv6ViaGateway":true,`, 1)
+	c := mustLoad(t, via, "")
+	r, err := Add(ctx, a, c, Attachment{ContainerID: "c1", IfName: "eth0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Routes) != 2 || r.Routes[0].Dst.String() != "0.0.0.0/0" {
+		t.Fatalf("routes %v: want the configured default route and one subnet route", r.Routes)
+	}
+	if got := r.Routes[1]; got.Dst.String() != "2001:db8::/64" || got.GW.String() != "2001:db8::1" || got.Priority != SubnetViaGatewayMetric || SubnetViaGatewayMetric >= 256 {
+		t.Fatalf("subnet route %v", got)
+	}
+	if len(c.Routes) != 1 {
+		t.Fatalf("the configuration's routes were changed: %v", c.Routes)
+	}
+	// Without the key: only the configured route.
+	if r, err := Add(ctx, a, mustLoad(t, dual, ""), Attachment{ContainerID: "c2", IfName: "eth0"}); err != nil || len(r.Routes) != 1 {
+		t.Fatalf("without ipv6ViaGateway: %v %v", r, err)
+	}
+	// An IPv4-only network gets nothing from it.
+	v4 := `{"host":"h1","ipv6ViaGateway":true,"ranges":[[{"subnet":"198.18.1.0/24"}]]}`
+	if r, err := Add(ctx, newAlloc(t, memory.New(), "h1"), mustLoad(t, v4, ""), Attachment{ContainerID: "c3", IfName: "eth0"}); err != nil || len(r.Routes) != 0 {
+		t.Fatalf("IPv4 only: %v %v", r, err)
+	}
+	// Printed with its priority for every version a runtime asks for.
+	for _, ver := range []string{"0.4.0", "1.0.0"} {
+		out := &bytes.Buffer{}
+		e := Edge{Open: func(ctx context.Context, c *Config) (Allocator, func() error, error) { return a, func() error { return nil }, nil }, Stdout: out}
+		in := []byte(`{"cniVersion":"` + ver + `","name":"net1","type":"bridge","ipam":` + via + `}`)
+		if err := e.Add(&skel.CmdArgs{ContainerID: "c-" + ver, IfName: "eth0", StdinData: in}); err != nil {
+			t.Fatal(err)
+		}
+		var got struct{ Routes []map[string]any }
+		if err := json.Unmarshal(out.Bytes(), &got); err != nil || len(got.Routes) != 2 ||
+			fmt.Sprint(got.Routes[1]) != "map[dst:2001:db8::/64 gw:2001:db8::1 priority:100]" {
+			t.Errorf("%s: printed %s (%v)", ver, out, err)
+		}
+	}
+	for _, bad := range []string{
+		`{"cniVersion":"1.0.0","name":"net1","type":"ptp","ipam":` + via + `}`,
+		`{"cniVersion":"1.0.0","name":"net1","type":"bridge","ipam":` + strings.Replace(via, `"host":"h1",`, `"host":"h1","gatewayMode":"per-container",`, 1) + `}`,
+	} {
+		if _, err := Load([]byte(bad), ""); !errors.Is(err, ErrBadConfig) || !strings.Contains(err.Error(), "ipv6ViaGateway") {
+			t.Errorf("%s: %v", bad, err)
+		}
+	}
+}
