@@ -44,11 +44,16 @@ func routingState(t *testing.T, ns *netns.NS, withOurs bool) string {
 	return b.String()
 }
 
-// Three namespace hosts on one LAN and one real etcd, each with its agent
-// running --routes and a container on a `bridge` network (isGateway, no
-// masquerade) or a `ptp` network (per-container gateways) of one ipam-ring
-// pool: the containers ping each other by address across hosts (routes to
-// each host's ranges, proxy ARP on the bridges); a container of host-a in
+// Three dual-stack namespace hosts on one LAN and one real etcd, each with
+// its agent running --routes with one --addr per family (host-c gives the
+// flag twice) and a container on a `bridge` network (isGateway, no
+// masquerade, ipam-ring's ipv6ViaGateway) or a `ptp` network
+// (per-container gateways) of two ipam-ring pools, one IPv4 and one IPv6:
+// the containers ping each other by address across hosts, both families
+// (routes to each host's ranges through its address of the pool's family;
+// proxy ARP on the bridges for IPv4, the subnet route through the gateway
+// for IPv6), CHECK passes, and ringctl status shows both addresses of
+// every host and its routes matching the ring; a container of host-a in
 // space it claimed from another host is reached from host-c within 5s;
 // host-b killed and orphaned loses its routes on host-c and the space
 // host-a takes from it is routed to host-a; stopping host-c's agent
@@ -59,6 +64,11 @@ func TestRoutesContainersReachEachOtherAcrossHosts(t *testing.T) {
 		t.Run(plugin, func(t *testing.T) { testRoutesAcrossHosts(t, plugin) })
 	}
 }
+
+// withoutIPv6ViaGateway leaves ipam-ring's ipv6ViaGateway out of the bridge
+// network: set it by hand to see the test fail (bridge containers then
+// cannot reach other hosts' IPv6 addresses, there being no proxy NDP).
+const withoutIPv6ViaGateway = false
 
 func testRoutesAcrossHosts(t *testing.T, plugin string) {
 	c := newCluster(t)
@@ -71,29 +81,39 @@ func testRoutesAcrossHosts(t *testing.T, plugin string) {
 		agent *binaryAgent
 		ctr   *netns.NS
 		addr  string
+		ip6   string // the host's IPv6 address on the LAN
+		addr6 string // its container's IPv6 address
 	}
 	var hosts []*rHost
 	for i, name := range []string{"host-a", "host-b", "host-c"} {
-		h := &rHost{lanHost: lanHost{name: name, ns: netns.New(t, "rth"), ip: fmt.Sprintf("198.18.60.%d", i+1)}}
+		h := &rHost{lanHost: lanHost{name: name, ns: netns.New(t, "rth"), ip: fmt.Sprintf("198.18.60.%d", i+1)}, ip6: fmt.Sprintf("fd00:60::%d", i+1)}
 		port := fmt.Sprintf("p%d", i)
 		lan.MustRun(t, "ip", "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", h.ns.Name)
 		lan.MustRun(t, "ip", "link", "set", port, "master", "br0", "up")
 		h.ns.MustRun(t, "ip", "addr", "add", h.ip+"/24", "dev", "eth0")
+		h.ns.MustRun(t, "ip", "addr", "add", h.ip6+"/64", "dev", "eth0", "nodad")
 		h.ns.MustRun(t, "ip", "link", "set", "eth0", "up")
 		h.st = c.storeObj("http://" + h.ns.Relay(t, strings.TrimPrefix(c.etcd.Endpoints()[0], "http://")))
 		h.cni = cnitest.NewCNI(t, cnitest.PluginDir(t, cnitest.IPAMBin, "bridge", "ptp", "loopback"))
-		h.agent = startBinary(t, h.ns, "--host", name, "--addr", h.ip, "--store", "etcd", "--etcd-endpoints", h.st["endpoints"].([]string)[0],
+		addr := []string{"--addr", h.ip + "," + h.ip6}
+		if name == "host-c" {
+			addr = []string{"--addr", h.ip, "--addr", h.ip6}
+		}
+		h.agent = startBinary(t, h.ns, append(append([]string{"--host", name}, addr...), "--store", "etcd", "--etcd-endpoints", h.st["endpoints"].([]string)[0],
 			"--store-prefix", c.prefix, "--lease-ttl", "3s", "--sync-interval", "300ms", "--listen", "off", "--ingress=false",
 			"--orphan-after", "4s", "--sweep-interval", "300ms",
-			"--routes", "--log-level", "debug")
+			"--routes", "--log-level", "debug")...)
 		waitSocket(t, h.agent.socket)
 		h.st = h.agent.store(h.st)
 		hosts = append(hosts, h)
 	}
 	list := func(h *rHost) *libcni.NetworkConfigList {
 		ipam := map[string]any{"type": "ipam-ring", "host": h.name, "store": h.st, "timeout": "30s",
-			"ranges": [][]map[string]string{{{"subnet": "198.18.61.0/24"}}}, "routes": []map[string]string{{"dst": "0.0.0.0/0"}}}
+			"ranges": [][]map[string]string{{{"subnet": "198.18.61.0/24"}}, {{"subnet": "fd00:61::/64"}}}, "routes": []map[string]string{{"dst": "0.0.0.0/0"}}}
 		netConf := map[string]any{"type": "bridge", "bridge": "rtbr0", "isGateway": true, "ipMasq": false, "ipam": ipam}
+		if plugin == "bridge" && !withoutIPv6ViaGateway {
+			ipam["ipv6ViaGateway"] = true
+		}
 		if plugin == "ptp" {
 			netConf = map[string]any{"type": "ptp", "ipMasq": false, "ipam": ipam}
 		}
@@ -107,22 +127,35 @@ func testRoutesAcrossHosts(t *testing.T, plugin string) {
 		if err != nil {
 			t.Fatalf("ADD on %s: %v", h.name, err)
 		}
-		h.addr = res.IPs[0].Address.IP.String()
+		if len(res.IPs) != 2 || res.IPs[0].Address.IP.To4() == nil || res.IPs[1].Address.IP.To4() != nil {
+			t.Fatalf("ADD on %s: want one IPv4 and one IPv6 address, got %v", h.name, res.IPs)
+		}
+		h.addr, h.addr6 = res.IPs[0].Address.IP.String(), res.IPs[1].Address.IP.String()
+		// CHECK passes, the bridge's too (it looks for the result's
+		// routes in the container, the IPv6 subnet route included).
+		if err := cnitest.InNS(h.ns, func(ctx context.Context) error {
+			return h.cni.CheckNetworkList(ctx, list(h), &libcni.RuntimeConf{ContainerID: "c-" + h.name, NetNS: h.ctr.Path, IfName: "eth0"})
+		}); err != nil {
+			t.Fatalf("CHECK on %s: %v", h.name, err)
+		}
 	}
 	for _, from := range hosts {
 		for _, to := range hosts {
 			if from == to {
 				continue
 			}
-			waitFor(t, 20*time.Second, fmt.Sprintf("%s's container to reach %s's (%s)", from.name, to.name, to.addr), func() (bool, string) {
-				out, err := from.ctr.Run("ping", "-c", "1", "-W", "1", to.addr)
-				return err == nil, out + "\n" + routingState(t, from.ns, true)
-			})
+			for _, dst := range []string{to.addr, to.addr6} {
+				waitFor(t, 20*time.Second, fmt.Sprintf("%s's container to reach %s's (%s)", from.name, to.name, dst), func() (bool, string) {
+					out, err := from.ctr.Run("ping", "-c", "1", "-W", "1", dst)
+					return err == nil, out + "\n" + routingState(t, from.ns, true) + "# container\n" + from.ctr.MustRun(t, "ip", "-6", "route")
+				})
+			}
 		}
 	}
 	// ringctl status shows, per host, the routes its agent holds (from
 	// the summary in its host record) and that they match the ring.
 	pl := poolName(t, c.allocator(t, "admin", nil), "198.18.61.0/24")
+	pl6 := poolName(t, c.allocator(t, "admin", nil), "fd00:61::/64")
 	waitFor(t, 20*time.Second, "ringctl status to show every host's routes matching the ring", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), cnitest.OpTimeout)
 		defer cancel()
@@ -133,18 +166,22 @@ func testRoutesAcrossHosts(t *testing.T, plugin string) {
 		}
 		text := string(out)
 		for _, h := range hosts {
-			if !regexp.MustCompile(`(?m)^  ` + h.name + `: \d+ held, matches the ring$`).MatchString(text) {
+			// The host with both its addresses.
+			head := "  " + h.name + " (" + h.ip + ", " + h.ip6 + "): "
+			if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(head) + `\d+ held, matches the ring$`).MatchString(text) {
 				return false, text
 			}
 			for _, to := range hosts {
-				line := "    pool " + pl + ": " + to.name + " via " + to.ip + ": "
-				// Each host's block lists every other host, and not itself.
-				block := text[strings.Index(text, "  "+h.name+": "):]
+				// Each host's block lists every other host, and not
+				// itself, through its address of each pool's family.
+				block := text[strings.Index(text, head):]
 				if next := strings.Index(block[2:], "\n  "+"host-"); next >= 0 {
 					block = block[:next+2]
 				}
-				if strings.Contains(block, line) != (to != h) {
-					return false, text
+				for _, line := range []string{"    pool " + pl + ": " + to.name + " via " + to.ip + ": ", "    pool " + pl6 + ": " + to.name + " via " + to.ip6 + ": "} {
+					if strings.Contains(block, line) != (to != h) {
+						return false, text
+					}
 				}
 			}
 		}
@@ -241,8 +278,8 @@ func testRoutesAcrossHosts(t *testing.T, plugin string) {
 		return !live, fmt.Sprint(ring.Ranges)
 	})
 	waitFor(t, 15*time.Second, "host-c's routes to host-b gone", func() (bool, string) {
-		out := hc.ns.MustRun(t, "ip", "route", "show", "table", "4212")
-		return !strings.Contains(out, "via "+hb.ip), out
+		out := hc.ns.MustRun(t, "ip", "-4", "route", "show", "table", "4212") + hc.ns.MustRun(t, "ip", "-6", "route", "show", "table", "4212")
+		return !strings.Contains(out, "via "+hb.ip) && !strings.Contains(out, "via "+hb.ip6), out
 	})
 	before = owned()
 	for i := 0; ; i++ {

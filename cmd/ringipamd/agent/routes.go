@@ -55,6 +55,8 @@ type routesState struct {
 	// aside), so that a change is written at once, not at the next
 	// heartbeat.
 	published pool.RoutesSummary
+	// v6Noted are the IPv6 pools whose local side was logged.
+	v6Noted map[string]bool
 }
 
 // routesLoop keeps the routing table equal to the plan made of the rings
@@ -144,6 +146,7 @@ func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
 		a.log.Info("routes: proxy ARP for other hosts' addresses", "links", links)
 		s.proxy = links
 	}
+	a.noteIPv6(s, plan.Routes)
 	refused := make([]string, len(plan.Refused))
 	for i, r := range plan.Refused {
 		refused[i] = r.String()
@@ -196,6 +199,27 @@ func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
 		at = a.now()
 	}
 	a.publishRoutes(ctx, s, plan, onLink, failed, at)
+}
+
+// noteIPv6 logs once per IPv6 pool the agent routes what its containers
+// need to use the routes: there is no range-wide proxy NDP, so containers
+// on a bridge send other hosts' addresses to the host only with the subnet
+// route ipam-ring's ipv6ViaGateway adds; Docker's bridge networks get no
+// such route (libnetwork's IPAM API returns no routes).
+func (a *Agent) noteIPv6(s *routesState, rs []routes.Route) {
+	for _, r := range rs {
+		if !r.Dst.Addr().Is6() || s.v6Noted[r.Pool] {
+			continue
+		}
+		if s.v6Noted == nil {
+			s.v6Noted = map[string]bool{}
+		}
+		s.v6Noted[r.Pool] = true
+		a.log.Info("routes: IPv6 pool routed to other hosts; its containers on this host reach them through ptp (nothing more needed) "+
+			"or through a bridge network whose ipam-ring configuration has \"ipv6ViaGateway\": true. "+
+			"Docker networks on this pool cannot: the Docker IPAM API returns no routes and Linux has no range-wide proxy NDP, "+
+			"so IPv6 across dockerd hosts does not work (IPv4 does)", "pool", r.Pool)
+	}
 }
 
 // publishRoutes keeps the summary the heartbeat writes into the host
