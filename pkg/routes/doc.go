@@ -39,10 +39,32 @@
 // carrying its table and priority, so routes and rules it did not make are
 // never touched. See table_linux.go for why a table of its own.
 //
+// # Both families
+//
+// A host has at most one address per family (its agent's --addr
+// "198.18.0.1,fd00::1"; HostsFrom reads the host record's list, and a
+// record of one address as agents wrote it before dual-stack hosts); a
+// pool's ranges go through the host's address of the pool's family, and a
+// host with none of that family is refused for that pool only.
+//
 // The local side: containers on a bridge whose subnet is the whole pool
-// ARP for neighbours on other hosts; Table.ProxyARP turns proxy ARP on for
-// the links holding a pool address (the bridges with the gateway), so the
-// bridge answers for exactly the addresses routed out of another link.
-// Clear puts the previous values back. Containers behind ptp have the host
-// as their gateway and need nothing more than the routes.
+// see every address of it as on-link and ask for neighbours on other hosts
+// (ARP, or neighbour discovery for IPv6). IPv4: Table.ProxyARP turns proxy
+// ARP on for the links holding a pool address (the bridges with the
+// gateway), so the bridge answers for exactly the addresses routed out of
+// another link. Clear puts the previous values back. IPv6: Linux has no
+// range-wide proxy NDP (only one entry per address), so the container
+// must not see other hosts' addresses as on-link: ipam-ring's
+// "ipv6ViaGateway" gives it a route for the subnet through the gateway
+// with metric 100, below the 256 of the kernel's on-link prefix route, and
+// the host delivers its own containers on the bridge (its connected route)
+// and routes other hosts' ranges through this table. (IPv4's on-link route
+// has metric 0 and always wins, hence proxy ARP there.) Per-address proxy
+// NDP entries, kept by the agent from every allocation, were not chosen:
+// they follow every container, not the rare range moves, and a container
+// started on another host is unreachable until every agent saw it.
+// Containers behind ptp have the host as their gateway and need nothing
+// more than the routes, in either family. Docker's bridge networks get
+// IPv4 only: the Docker IPAM API returns no routes, so nothing gives their
+// containers the IPv6 subnet route (the agent logs this).
 package routes
