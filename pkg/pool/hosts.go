@@ -36,7 +36,7 @@ type hostRecord struct {
 	// Addrs are all of --addr's addresses (at most one per family), only
 	// when there are more than one; Addr is then Addrs[0].
 	Addrs []string `json:"as,omitempty"`
-	Seen int64  `json:"s,omitempty"`    // last heartbeat (Unix seconds)
+	Seen  int64    `json:"s,omitempty"` // last heartbeat (Unix seconds)
 	// Checked is when a verb that committed nothing last refreshed the
 	// host's last-seen time (Unix seconds), written at most every
 	// LastSeenEvery (see there): the last-seen time of hosts whose
@@ -77,9 +77,9 @@ const (
 
 // HostInfo is one host as Hosts reports it.
 type HostInfo struct {
-	Name     string
-	State    HostState
-	Agent    bool      // it has a host record (an agent has run there)
+	Name  string
+	State HostState
+	Agent bool // it has a host record (an agent has run there)
 	// Addr is its recorded address, if any: its agent's --addr, one
 	// address per family separated by a comma ("198.18.0.1,fd00::1");
 	// AddrList splits it.

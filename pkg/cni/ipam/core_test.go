@@ -454,7 +454,9 @@ func TestIPv6ViaGateway(t *testing.T) {
 	// Printed with its priority for every version a runtime asks for.
 	for _, ver := range []string{"0.4.0", "1.0.0"} {
 		out := &bytes.Buffer{}
-		e := Edge{Open: func(ctx context.Context, c *Config) (Allocator, func() error, error) { return a, func() error { return nil }, nil }, Stdout: out}
+		e := Edge{Open: func(ctx context.Context, c *Config) (Allocator, func() error, error) {
+			return a, func() error { return nil }, nil
+		}, Stdout: out}
 		in := []byte(`{"cniVersion":"` + ver + `","name":"net1","type":"bridge","ipam":` + via + `}`)
 		if err := e.Add(&skel.CmdArgs{ContainerID: "c-" + ver, IfName: "eth0", StdinData: in}); err != nil {
 			t.Fatal(err)
