@@ -6,7 +6,7 @@
 // bridge plugin, ipam-ring and portmap-ingress. Each "node" is a containerd
 // in a network namespace and a mount namespace of its own (node_test.go);
 // the pause image is a static binary the suite builds and imports
-// (image_test.go, testdata/pause); the CRI client is the suite's own on
+// (package integration/pause); the CRI client is the suite's own on
 // k8s.io/cri-api (client_test.go). What the plugins see is what containerd
 // really sends: K8S_POD_* in CNI_ARGS, DEL twice per pod (at stop with the
 // netns, at remove without), a DEL right after a failed ADD, portMappings
@@ -35,6 +35,7 @@ import (
 
 	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
+	"github.com/ringipam/ringipam/integration/pause"
 	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/pool"
 )
@@ -47,14 +48,9 @@ func TestMain(m *testing.M) {
 		if err := cnitest.Build(ctx, portmapBin, "./plugins/portmap-ingress"); err != nil {
 			return err
 		}
-		pause := filepath.Join(dir, "pause")
-		build := cnitest.GoCommand(ctx, cnitest.RepoRoot, "build", "-o", pause, "./integration/cri/testdata/pause")
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			return fmt.Errorf("building pause: %v: %s", err, out)
-		}
-		pauseArchive = filepath.Join(dir, "pause.tar")
-		return writeImageArchive(pauseArchive, pause, pauseImage)
+		var err error
+		pauseArchive, err = pause.Build(ctx, dir)
+		return err
 	}))
 }
 

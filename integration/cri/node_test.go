@@ -22,6 +22,7 @@ import (
 
 	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
+	"github.com/ringipam/ringipam/integration/pause"
 )
 
 // startTimeout bounds a node's start: containerd answering CRI, the pause
@@ -156,7 +157,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     conf_dir = %[7]q
     max_conf_num = 1
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "c.sock"), filepath.Join(dir, "c.sock.ttrpc"),
-		pauseImage, filepath.Join(dir, "cni/bin"), filepath.Join(dir, "cni/conf"))
+		pause.Image, filepath.Join(dir, "cni/bin"), filepath.Join(dir, "cni/conf"))
 }
 
 // startScript runs in the node's namespaces: it mounts a sysfs of the

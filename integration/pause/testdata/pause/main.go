@@ -1,4 +1,4 @@
-// Command pause is the sandbox ("pause") image of the CRI suite, built
+// Command pause is the sandbox ("pause") image of the CRI and Kubernetes suites, built
 // static and packed into an image by the test (no registry is reachable).
 // Like Kubernetes' pause it waits for SIGTERM or SIGINT (as PID 1 of its
 // pod it would otherwise ignore them); unlike it, it also answers on TCP

@@ -1,20 +1,46 @@
 //go:build integration
 
-package cri
+// Package pause makes the integration suites' pause image without a
+// registry: it builds the static binary of testdata/pause (which waits for
+// SIGTERM and answers TCP port 80 with "pod <hostname>") and packs it into
+// a docker-archive tarball tagged Image, which `ctr images import` reads.
+// A node's containerd names Image as its sandbox_image; the Kubernetes
+// suite also runs it as its pods' container.
+//
+// Contract: only integration-tagged tests import it. Build is safe for
+// concurrent use with distinct directories.
+package pause
 
 import (
 	"archive/tar"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
+
+	"github.com/ringipam/ringipam/integration/cnitest"
 )
 
-// pauseImage is the tag containerd's sandbox_image names.
-const pauseImage = "ringipam.test/pause:1"
+// Image is the tag of the image Build writes.
+const Image = "ringipam.test/pause:1"
+
+// Build builds the pause binary into dir and writes the image archive
+// beside it; it returns the archive's path.
+func Build(ctx context.Context, dir string) (string, error) {
+	bin := filepath.Join(dir, "pause")
+	build := cnitest.GoCommand(ctx, cnitest.RepoRoot, "build", "-trimpath", "-o", bin, "./integration/pause/testdata/pause")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building pause: %v: %s", err, out)
+	}
+	archive := filepath.Join(dir, "pause.tar")
+	return archive, writeImageArchive(archive, bin, Image)
+}
 
 // writeImageArchive writes a docker-archive tarball (what `docker save`
 // writes and `ctr images import` reads) of a one-layer image tagged tag

@@ -1,0 +1,707 @@
+//go:build integration
+
+package k8s
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/ringipam/ringipam/integration/netns"
+	"github.com/ringipam/ringipam/integration/pause"
+	"github.com/ringipam/ringipam/internal/testenv"
+)
+
+// The node's addresses: the node end of its link (the node's InternalIP,
+// where the apiserver listens and hostPorts are published) and the peer
+// end (a client namespace standing for the rest of the network).
+const (
+	nodeIP   = "198.18.255.2"
+	peerIP   = "198.18.255.1"
+	nodeName = "node-a"
+	// apiPort is the apiserver's port on nodeIP.
+	apiPort = "6443"
+)
+
+// Deadlines of the control plane's start and stop.
+const (
+	apiserverTimeout = 3 * time.Minute // first answer of /readyz (etcd 3.4 on a loaded machine)
+	nodeTimeout      = 2 * time.Minute // containerd answering, kubelet registering its node
+	stopTimeout      = 20 * time.Second
+)
+
+// requireK8s skips the test without root or without the control plane's
+// binaries (scripts/build-k8s.sh) and containerd's tools; under CI it fails.
+func requireK8s(t *testing.T) {
+	t.Helper()
+	netns.RequireRoot(t)
+	var missing []string
+	for _, b := range k8sBinaries {
+		if _, err := os.Stat(filepath.Join(k8sDir, b)); err != nil {
+			missing = append(missing, filepath.Join(k8sDir, b)+" (scripts/build-k8s.sh, run by make deps)")
+		}
+	}
+	for _, tool := range []string{"containerd", "ctr", "containerd-shim-runc-v2", "runc", "unshare", "nsenter", "mount", "umount", "mmdebstrap", "umoci"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			missing = append(missing, tool+" (Debian package, scripts/install-deps.sh)")
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("needs %s; CI is set, so this fails instead of skipping", strings.Join(missing, ", "))
+	}
+	t.Skipf("needs %s", strings.Join(missing, ", "))
+}
+
+var k8sBinaries = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"}
+
+// cluster is a one-node Kubernetes cluster of real components at one
+// version: kube-apiserver (on the suite's etcd), kube-controller-manager,
+// kube-scheduler, and kubelet on a private containerd 1.6.
+//
+// Everything runs in the node's network namespace (node), linked to a peer
+// namespace (peer) that stands for the rest of the network: the machine's
+// own network, nftables and sysctls are untouched, and the test's ports
+// cannot collide with anything else on the machine. kubelet and containerd
+// share a mount namespace of their own in which the node's well-known
+// directories (/opt/cni/bin, /etc/cni/net.d, /run/ringipam,
+// /var/lib/ringipam, /var/lib/cni, /var/log, containerd's shim sockets) are
+// the suite's temporary directories: what the manifest's hostPath volumes
+// write lands there, and the test reads it back (hostDir). Pods' cgroups
+// live under a cgroup root of the suite's own, removed at the end.
+type cluster struct {
+	dir        string // short: socket paths
+	node, peer *netns.NS
+	etcd       *testenv.Etcd
+	etcdTLS    testenv.TLSFiles
+	etcdInNode string // the etcd endpoint as seen from the node ("https://127.0.0.1:port")
+	token      string
+	cgroupRoot string // kubelet's cgroupRoot ("/rik8s-...")
+
+	holder *proc // the mount namespace's holder (sleep)
+	procs  map[string]*proc
+	cs     *kubernetes.Clientset
+}
+
+// hostDir is where path of the node's file system (one of the directories
+// the node's mount namespace redirects) is in the test's.
+func (c *cluster) hostDir(path string) string {
+	for _, m := range nodeMounts {
+		if path == m.target || strings.HasPrefix(path, m.target+"/") {
+			return filepath.Join(c.dir, m.src, strings.TrimPrefix(path, m.target))
+		}
+	}
+	panic("hostDir: " + path + " is the machine's, not the node's")
+}
+
+// nodeMounts are the node's private directories: src under the cluster's
+// dir is bind-mounted onto target in the node's mount namespace.
+var nodeMounts = []struct{ src, target string }{
+	{"shim", "/run/containerd/s"}, // containerd 1.6's shim sockets (fixed path)
+	{"cnicache", "/var/lib/cni"},
+	{"opt-cni-bin", "/opt/cni/bin"},
+	{"etc-cni-net.d", "/etc/cni/net.d"},
+	{"run-ringipam", "/run/ringipam"},
+	{"var-lib-ringipam", "/var/lib/ringipam"},
+	{"var-log", "/var/log"},
+}
+
+// startCluster brings the cluster up and registers its teardown; it
+// returns once the node is registered (not yet Ready: that needs a CNI
+// list, which the manifest's installer writes) and the default
+// ServiceAccount exists.
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	requireK8s(t)
+	c := &cluster{procs: map[string]*proc{}}
+	dir, err := os.MkdirTemp("", "rik8s-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.dir = dir
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	c.cgroupRoot = "/" + filepath.Base(dir)
+
+	// The node's network: a link to the peer namespace, a default route
+	// through it.
+	c.node = netns.New(t, "k8sn")
+	c.peer = netns.New(t, "k8sp")
+	veth := netns.Unique("k8v")
+	if out, err := netns.Command("ip", "link", "add", veth, "netns", c.node.Name, "type", "veth", "peer", "name", "eth0", "netns", c.peer.Name); err != nil {
+		t.Fatalf("veth: %v: %s", err, out)
+	}
+	c.node.MustRun(t, "ip", "link", "set", veth, "name", "eth0")
+	c.node.MustRun(t, "ip", "addr", "add", nodeIP+"/24", "dev", "eth0")
+	c.node.MustRun(t, "ip", "link", "set", "eth0", "up")
+	c.node.MustRun(t, "ip", "route", "add", "default", "via", peerIP)
+	c.peer.MustRun(t, "ip", "addr", "add", peerIP+"/24", "dev", "eth0")
+	c.peer.MustRun(t, "ip", "link", "set", "eth0", "up")
+
+	// The suite's etcd (TLS: the manifest's Secret carries its client
+	// certificate), reached from the node through a relay on the node's
+	// loopback (the server certificate names 127.0.0.1).
+	c.etcd, c.etcdTLS = testenv.StartEtcdTLS(t)
+	target := strings.TrimPrefix(c.etcd.Endpoints()[0], "https://")
+	c.etcdInNode = "https://" + c.node.Relay(t, target)
+
+	t.Cleanup(func() { c.teardown(t) })
+	c.writeCredentials(t)
+	c.startControlPlane(t)
+	c.startNode(t)
+	return c
+}
+
+// writeCredentials writes the apiserver's token file, the service-account
+// signing key and the kubeconfig every component uses.
+func (c *cluster) writeCredentials(t *testing.T) {
+	t.Helper()
+	var b [16]byte
+	rand.Read(b[:])
+	c.token = fmt.Sprintf("%x", b)
+	write := func(name, content string) {
+		if err := os.WriteFile(filepath.Join(c.dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("tokens.csv", c.token+",admin,admin,system:masters\n")
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("sa.key", string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})))
+	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})))
+	write("kubeconfig", fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: https://%s:%s
+    insecure-skip-tls-verify: true
+users:
+- name: admin
+  user:
+    token: %s
+contexts:
+- name: test
+  context: {cluster: test, user: admin}
+current-context: test
+`, nodeIP, apiPort, c.token))
+}
+
+// restConfig is the test's client configuration: the admin token, the
+// apiserver's self-signed certificate not verified, connections made from
+// inside the node's namespace.
+func (c *cluster) restConfig() *rest.Config {
+	return &rest.Config{
+		Host:            "https://" + net.JoinHostPort(nodeIP, apiPort),
+		BearerToken:     c.token,
+		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
+		Dial:            c.node.DialContext,
+		QPS:             50,
+		Burst:           100,
+		Timeout:         30 * time.Second,
+	}
+}
+
+func (c *cluster) startControlPlane(t *testing.T) {
+	t.Helper()
+	d := c.dir
+	c.startProc(t, "kube-apiserver", false,
+		"--etcd-servers="+c.etcdInNode,
+		"--etcd-cafile="+c.etcdTLS.CA, "--etcd-certfile="+c.etcdTLS.Cert, "--etcd-keyfile="+c.etcdTLS.Key,
+		"--bind-address=0.0.0.0", "--secure-port="+apiPort, "--advertise-address="+nodeIP,
+		"--cert-dir="+filepath.Join(d, "apiserver"),
+		"--token-auth-file="+filepath.Join(d, "tokens.csv"),
+		"--authorization-mode=AlwaysAllow",
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file="+filepath.Join(d, "sa.pub"),
+		"--service-account-signing-key-file="+filepath.Join(d, "sa.key"),
+		"--service-cluster-ip-range=198.18.254.0/24",
+		"--allow-privileged=true",
+	)
+	cs, err := kubernetes.NewForConfig(c.restConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cs = cs
+	err = c.poll(apiserverTimeout, func(ctx context.Context) (bool, error) {
+		if err := c.procs["kube-apiserver"].exitErr(); err != nil {
+			return false, err
+		}
+		_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		return err == nil, nil
+	})
+	if err != nil {
+		t.Fatalf("kube-apiserver not ready: %v\n%s", err, c.procs["kube-apiserver"].tail(30))
+	}
+	kubeconfig := "--kubeconfig=" + filepath.Join(d, "kubeconfig")
+	c.startProc(t, "kube-controller-manager", false, kubeconfig, "--leader-elect=false",
+		"--root-ca-file="+filepath.Join(d, "apiserver", "apiserver.crt"),
+		"--service-account-private-key-file="+filepath.Join(d, "sa.key"),
+		"--cert-dir="+filepath.Join(d, "kcm"))
+	c.startProc(t, "kube-scheduler", false, kubeconfig, "--leader-elect=false",
+		"--cert-dir="+filepath.Join(d, "scheduler"))
+}
+
+// holderScript makes the node's mount namespace: a sysfs of the node's
+// network namespace (keeping the machine's cgroup mounts under it, which
+// runc and kubelet need), the node's private directories, then waits.
+const holderScript = `set -e
+d=$1; shift
+mkdir -p "$d/cgroup"
+mount --rbind /sys/fs/cgroup "$d/cgroup"
+mount -t sysfs sysfs /sys
+mount --move "$d/cgroup" /sys/fs/cgroup
+while [ $# -gt 0 ]; do mount --bind "$d/$1" "$2"; shift 2; done
+touch "$d/mounted"
+exec sleep infinity`
+
+func (c *cluster) startNode(t *testing.T) {
+	t.Helper()
+	d := c.dir
+	args := []string{"--net=" + c.node.Path, "unshare", "--mount", "--propagation", "slave", "sh", "-c", holderScript, "sh", d}
+	for _, m := range nodeMounts {
+		for _, p := range []string{filepath.Join(d, m.src), m.target} {
+			if err := os.MkdirAll(p, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		args = append(args, m.src, m.target)
+	}
+	c.holder = c.spawn(t, "holder", "nsenter", args...)
+	if err := c.poll(nodeTimeout, func(context.Context) (bool, error) {
+		if err := c.holder.exitErr(); err != nil {
+			return false, err
+		}
+		_, err := os.Stat(filepath.Join(d, "mounted"))
+		return err == nil, nil
+	}); err != nil {
+		t.Fatalf("node mount namespace: %v\n%s", err, c.holder.tail(20))
+	}
+
+	if err := os.WriteFile(filepath.Join(d, "containerd.toml"), []byte(containerdConfig(d)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.startProc(t, "containerd", true, "--config", filepath.Join(d, "containerd.toml"))
+	sock := filepath.Join(d, "c.sock")
+	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
+		if err := c.procs["containerd"].exitErr(); err != nil {
+			return false, err
+		}
+		return exec.CommandContext(ctx, "ctr", "-a", sock, "version").Run() == nil, nil
+	}); err != nil {
+		t.Fatalf("containerd: %v\n%s", err, c.procs["containerd"].tail(30))
+	}
+	c.importImage(t, pauseArchive, "")
+	c.importImage(t, imageArchive, "docker.io/ringipam/ringipam")
+
+	kubeletConf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://%s
+cgroupDriver: cgroupfs
+cgroupRoot: %s
+failCgroupV1: false
+failSwapOn: false
+address: %s
+healthzBindAddress: 127.0.0.1
+readOnlyPort: 0
+authentication:
+  anonymous: {enabled: true}
+  webhook: {enabled: false}
+authorization: {mode: AlwaysAllow}
+# The imported images must stay: no image GC, no eviction for the
+# machine's disk or memory.
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFree: "1%%", imagefs.available: "1%%"}
+`, sock, c.cgroupRoot, nodeIP)
+	if err := os.WriteFile(filepath.Join(d, "kubelet.yaml"), []byte(kubeletConf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.startProc(t, "kubelet", true,
+		"--config="+filepath.Join(d, "kubelet.yaml"),
+		"--kubeconfig="+filepath.Join(d, "kubeconfig"),
+		"--root-dir="+filepath.Join(d, "kubelet"),
+		"--cert-dir="+filepath.Join(d, "kubelet-pki"),
+		"--hostname-override="+nodeName,
+		"--node-ip="+nodeIP,
+	)
+	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
+		if err := c.procs["kubelet"].exitErr(); err != nil {
+			return false, err
+		}
+		_, err := c.cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	}); err != nil {
+		t.Fatalf("kubelet did not register node %s: %v\n%s", nodeName, err, c.procs["kubelet"].tail(40))
+	}
+	// The ServiceAccount admission refuses pods until the controller
+	// manager made the namespace's default account.
+	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
+		_, err := c.cs.CoreV1().ServiceAccounts("default").Get(ctx, "default", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return false, nil
+		}
+		return err == nil, err
+	}); err != nil {
+		t.Fatalf("no default ServiceAccount: %v\n%s", err, c.procs["kube-controller-manager"].tail(30))
+	}
+}
+
+// containerdConfig is containerd 1.6's configuration (format version 2):
+// root, state and sockets under dir; the CNI directories are the node's
+// well-known ones (its private mounts); the sandbox image is the suite's.
+// restrict_oom_score_adj: the test machines lack CAP_SYS_RESOURCE.
+func containerdConfig(dir string) string {
+	return fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
+
+[grpc]
+  address = %[3]q
+
+[ttrpc]
+  address = %[4]q
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %[5]q
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
+    max_conf_num = 1
+`, filepath.Join(dir, "containerd-root"), filepath.Join(dir, "containerd-state"), filepath.Join(dir, "c.sock"),
+		filepath.Join(dir, "c.sock.ttrpc"), pause.Image)
+}
+
+// importImage imports an image archive into the node's containerd (CRI's
+// namespace k8s.io), under baseName when given (an OCI archive's
+// references are tags only).
+func (c *cluster) importImage(t *testing.T, archive, baseName string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), nodeTimeout)
+	defer cancel()
+	args := []string{"-a", filepath.Join(c.dir, "c.sock"), "-n", "k8s.io", "images", "import"}
+	if baseName != "" {
+		args = append(args, "--base-name", baseName)
+	}
+	out, err := exec.CommandContext(ctx, "ctr", append(args, archive)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ctr images import %s: %v: %s", archive, err, out)
+	}
+}
+
+// proc is one process of the cluster, its output in a log file.
+type proc struct {
+	name   string
+	cmd    *exec.Cmd
+	log    string
+	exited chan struct{}
+	err    error // valid once exited is closed
+}
+
+// startProc starts the component name from the suite's Kubernetes
+// binaries (or containerd from PATH) in the node's network namespace, and
+// with inNode in the node's mount namespace too.
+func (c *cluster) startProc(t *testing.T, name string, inNode bool, args ...string) *proc {
+	t.Helper()
+	bin := name
+	if name != "containerd" {
+		bin = filepath.Join(k8sDir, name)
+	}
+	var nsArgs []string
+	if inNode {
+		nsArgs = []string{"-t", strconv.Itoa(c.holder.cmd.Process.Pid), "-m", "-n", "--"}
+	} else {
+		nsArgs = []string{"--net=" + c.node.Path, "--"}
+	}
+	p := c.spawn(t, name, "nsenter", append(append(nsArgs, bin), args...)...)
+	c.procs[name] = p
+	return p
+}
+
+func (c *cluster) spawn(t *testing.T, name, bin string, args ...string) *proc {
+	t.Helper()
+	p := &proc{name: name, log: filepath.Join(c.dir, name+".log"), exited: make(chan struct{})}
+	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Stdout, p.cmd.Stderr = f, f
+	// nsenter and unshare exec what they run (no --fork): the process is
+	// the component itself, and signals reach it.
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
+	return p
+}
+
+// exitErr is non-nil once the process has exited.
+func (p *proc) exitErr() error {
+	select {
+	case <-p.exited:
+		return fmt.Errorf("%s exited: %v", p.name, p.err)
+	default:
+		return nil
+	}
+}
+
+// stop sends SIGTERM and waits stopTimeout, then kills. It reports whether
+// the process ended on SIGTERM.
+func (p *proc) stop() bool {
+	if p == nil {
+		return true
+	}
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+		return true
+	case <-time.After(stopTimeout):
+		p.cmd.Process.Kill()
+		<-p.exited
+		return false
+	}
+}
+
+func (p *proc) tail(n int) string {
+	b, _ := os.ReadFile(p.log)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return p.name + " (log tail):\n" + strings.Join(lines, "\n")
+}
+
+// poll calls cond every 200 ms until it returns true or an error, or
+// timeout passes (an error naming the timeout). Each call gets a context
+// bounded by the remaining time.
+func (c *cluster) poll(timeout time.Duration, cond func(ctx context.Context) (bool, error)) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for {
+		ok, err := cond(ctx)
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("not after %v", timeout)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// teardown stops the node and the control plane: kubelet first, then
+// every process left in the pods' cgroups, containerd and its shims, the
+// kubelet's root-dir mounts, the mount namespace; the control plane last.
+// What does not end on SIGTERM is killed and reported.
+func (c *cluster) teardown(t *testing.T) {
+	if t.Failed() {
+		for _, name := range []string{"kubelet", "containerd", "kube-controller-manager", "kube-scheduler", "kube-apiserver"} {
+			if p := c.procs[name]; p != nil {
+				t.Log(p.tail(40))
+			}
+		}
+	}
+	if !c.procs["kubelet"].stop() {
+		t.Errorf("kubelet ignored SIGTERM for %v; killed", stopTimeout)
+	}
+	c.killCgroup(t)
+	if !c.procs["containerd"].stop() {
+		t.Errorf("containerd ignored SIGTERM for %v; killed", stopTimeout)
+	}
+	c.killShims(t)
+	if c.holder != nil {
+		// kubelet bind-mounts its root-dir onto itself (and mounts the
+		// pods' volumes under it): unmount before the directory goes.
+		root := filepath.Join(c.dir, "kubelet")
+		if out, err := exec.Command("nsenter", "-t", strconv.Itoa(c.holder.cmd.Process.Pid), "-m", "umount", "-R", root).CombinedOutput(); err != nil &&
+			!bytes.Contains(out, []byte("not mounted")) {
+			t.Errorf("umount -R %s: %v: %s", root, err, out)
+		}
+		c.holder.cmd.Process.Kill()
+		<-c.holder.exited
+	}
+	for _, name := range []string{"kube-scheduler", "kube-controller-manager", "kube-apiserver"} {
+		if !c.procs[name].stop() {
+			t.Errorf("%s ignored SIGTERM for %v; killed", name, stopTimeout)
+		}
+	}
+	c.removeCgroups(t)
+}
+
+// cgroupDirs lists the pods' cgroup directories of every hierarchy
+// (cgroup v1: one per controller), deepest first.
+func (c *cluster) cgroupDirs() []string {
+	var dirs []string
+	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range hier {
+		filepath.WalkDir(filepath.Join(h, c.cgroupRoot), func(p string, d os.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+	}
+	for i, j := 0, len(dirs)-1; i < j; i, j = i+1, j-1 {
+		dirs[i], dirs[j] = dirs[j], dirs[i]
+	}
+	return dirs
+}
+
+// killCgroup kills every process in the pods' cgroups (containers kubelet
+// did not stop, the node being torn down) and waits until they are gone.
+func (c *cluster) killCgroup(t *testing.T) {
+	err := c.poll(stopTimeout, func(context.Context) (bool, error) {
+		n := 0
+		for _, d := range c.cgroupDirs() {
+			b, _ := os.ReadFile(filepath.Join(d, "cgroup.procs"))
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					syscall.Kill(pid, syscall.SIGKILL)
+					n++
+				}
+			}
+		}
+		return n == 0, nil
+	})
+	if err != nil {
+		t.Errorf("processes left in %s: %v", c.cgroupRoot, err)
+	}
+}
+
+func (c *cluster) removeCgroups(t *testing.T) {
+	var errs []error
+	for _, d := range c.cgroupDirs() {
+		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		t.Errorf("removing the pods' cgroups: %v", err)
+	}
+}
+
+// killShims kills the shims of the node's containerd (they name its socket
+// in their command line) that did not exit with their sandboxes.
+func (c *cluster) killShims(t *testing.T) {
+	want := []byte(filepath.Join(c.dir, "c.sock") + "\x00")
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.Contains(cmdline, []byte("containerd-shim")) && bytes.Contains(cmdline, want) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// waitPod waits until the pod satisfies cond (given the pod, or nil when
+// it does not exist) and returns it.
+func (c *cluster) waitPod(t *testing.T, ns, name string, timeout time.Duration, what string, cond func(p *corev1.Pod) bool) *corev1.Pod {
+	t.Helper()
+	var last *corev1.Pod
+	err := c.poll(timeout, func(ctx context.Context) (bool, error) {
+		p, err := c.cs.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			last = nil
+			return cond(nil), nil
+		}
+		if err != nil {
+			return false, nil // the apiserver may be slow: retried until the deadline
+		}
+		last = p
+		return cond(p), nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s/%s %s: %v; last seen: %s", ns, name, what, err, describePod(last))
+	}
+	return last
+}
+
+func describePod(p *corev1.Pod) string {
+	if p == nil {
+		return "none"
+	}
+	s := fmt.Sprintf("phase %s, ip %q", p.Status.Phase, p.Status.PodIP)
+	for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+		s += fmt.Sprintf("; %s ready=%v restarts=%d", cs.Name, cs.Ready, cs.RestartCount)
+		if w := cs.State.Waiting; w != nil {
+			s += fmt.Sprintf(" waiting %s: %s", w.Reason, w.Message)
+		}
+		if x := cs.State.Terminated; x != nil {
+			s += fmt.Sprintf(" terminated %s (%d): %s", x.Reason, x.ExitCode, x.Message)
+		}
+	}
+	for _, cond := range p.Status.Conditions {
+		if cond.Status != corev1.ConditionTrue && cond.Message != "" {
+			s += fmt.Sprintf("; %s: %s", cond.Type, cond.Message)
+		}
+	}
+	return s
+}
+
+// events returns the events of the object named name in ns, as
+// "reason: message" lines.
+func (c *cluster) events(ns, name string) []string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	list, err := c.cs.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	if err != nil {
+		return []string{"listing events: " + err.Error()}
+	}
+	var out []string
+	for _, e := range list.Items {
+		out = append(out, e.Reason+": "+e.Message)
+	}
+	return out
+}
