@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds ringipam's image (make image) without any container registry:
-#   1. the plugins, ringipamd and ringctl, static (CGO_ENABLED=0);
+#   1. the plugins, ringipamd, ringctl and ringipam-uninstall (the
+#      DaemonSet's preStop hook), static (CGO_ENABLED=0);
 #   2. a Debian root filesystem made by mmdebstrap from Debian's archive
 #      (the essential packages and nftables, for portmap-ingress's and the
 #      agent's `nft`), with those binaries and the reference bridge and
@@ -8,7 +9,7 @@
 #   3. an OCI image of that one layer (umoci), written as an OCI archive:
 #        bin/ringipam-image-<version>.oci.tar, tag <version> = git describe.
 # Layout inside the image (what deploy/kubernetes/ringipam.yaml expects):
-#   /usr/local/bin/ringipamd, /usr/local/bin/ringctl (entrypoint ringipamd),
+#   /usr/local/bin/{ringipamd,ringctl,ringipam-uninstall} (entrypoint ringipamd),
 #   /opt/ringipam/cni/{ipam-ring,portmap-ingress}   (always installed),
 #   /opt/ringipam/cni-reference/{bridge,loopback}   (installed where missing).
 # Load it into containerd with
@@ -44,7 +45,7 @@ log "building the binaries ($VERSION)"
 for p in ipam-ring portmap-ingress; do
 	CGO_ENABLED=0 go build -trimpath -o "$WORK/cni/$p" "./plugins/$p"
 done
-for c in ringipamd ringctl; do
+for c in ringipamd ringctl ringipam-uninstall; do
 	CGO_ENABLED=0 go build -trimpath -o "$WORK/bin/$c" "./cmd/$c"
 done
 cp .cache/bin/bridge .cache/bin/loopback "$WORK/cni-reference/"
@@ -55,7 +56,7 @@ mmdebstrap --mode=root --variant=essential --include=nftables --skip=output/dev 
 	--dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*' \
 	--dpkgopt='path-exclude=/usr/share/locale/*' \
 	--customize-hook='mkdir -p "$1/usr/local/bin" "$1/opt/ringipam/cni" "$1/opt/ringipam/cni-reference"' \
-	--customize-hook="copy-in $WORK/bin/ringipamd $WORK/bin/ringctl /usr/local/bin" \
+	--customize-hook="copy-in $WORK/bin/ringipamd $WORK/bin/ringctl $WORK/bin/ringipam-uninstall /usr/local/bin" \
 	--customize-hook="copy-in $WORK/cni/ipam-ring $WORK/cni/portmap-ingress /opt/ringipam/cni" \
 	--customize-hook="copy-in $WORK/cni-reference/bridge $WORK/cni-reference/loopback /opt/ringipam/cni-reference" \
 	--customize-hook='rm -rf "$1/var/cache/apt" "$1/var/lib/apt/lists"; mkdir -p "$1/var/cache/apt" "$1/var/lib/apt/lists"' \

@@ -15,6 +15,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
@@ -35,11 +36,13 @@ const (
 
 // manifest is ringipam.yaml decoded, one object of each kind.
 type manifest struct {
-	ns  *corev1.Namespace
-	sa  *corev1.ServiceAccount
-	cm  *corev1.ConfigMap
-	ds  *appsv1.DaemonSet
-	all []metav1.Object
+	ns   *corev1.Namespace
+	sa   *corev1.ServiceAccount
+	role *rbacv1.Role
+	rb   *rbacv1.RoleBinding
+	cm   *corev1.ConfigMap
+	ds   *appsv1.DaemonSet
+	all  []metav1.Object
 }
 
 // splitDocs cuts a YAML stream at its "---" lines, dropping documents with
@@ -86,6 +89,10 @@ func decodeStrict(doc []byte) (any, error) {
 		obj = &corev1.ServiceAccount{}
 	case "v1 ConfigMap":
 		obj = &corev1.ConfigMap{}
+	case "rbac.authorization.k8s.io/v1 Role":
+		obj = &rbacv1.Role{}
+	case "rbac.authorization.k8s.io/v1 RoleBinding":
+		obj = &rbacv1.RoleBinding{}
 	case "apps/v1 DaemonSet":
 		obj = &appsv1.DaemonSet{}
 	default:
@@ -113,6 +120,10 @@ func loadManifest(t *testing.T, b []byte) *manifest {
 			twice, m.sa = m.sa != nil, o
 		case *corev1.ConfigMap:
 			twice, m.cm = m.cm != nil, o
+		case *rbacv1.Role:
+			twice, m.role = m.role != nil, o
+		case *rbacv1.RoleBinding:
+			twice, m.rb = m.rb != nil, o
 		case *appsv1.DaemonSet:
 			twice, m.ds = m.ds != nil, o
 		}
@@ -121,8 +132,8 @@ func loadManifest(t *testing.T, b []byte) *manifest {
 		}
 		m.all = append(m.all, obj.(metav1.Object))
 	}
-	if m.ns == nil || m.sa == nil || m.cm == nil || m.ds == nil {
-		t.Fatalf("want a Namespace, a ServiceAccount, a ConfigMap and a DaemonSet; got %d documents", len(m.all))
+	if m.ns == nil || m.sa == nil || m.role == nil || m.rb == nil || m.cm == nil || m.ds == nil {
+		t.Fatalf("want a Namespace, a ServiceAccount, a Role, a RoleBinding, a ConfigMap and a DaemonSet; got %d documents", len(m.all))
 	}
 	return m
 }
@@ -286,7 +297,8 @@ func TestDaemonSet(t *testing.T) {
 	}
 
 	// The agent: the store flags name the list's store, host and address
-	// from the downward API, probes on /healthz where it listens.
+	// from the downward API, liveness on /livez and readiness on /readyz
+	// where it listens.
 	a := container(t, spec.Containers, "ringipamd")
 	if f := fieldEnv(a, "NODE_NAME"); f != "spec.nodeName" {
 		t.Errorf("ringipamd: NODE_NAME from %q, want spec.nodeName", f)
@@ -315,16 +327,43 @@ func TestDaemonSet(t *testing.T) {
 		t.Errorf("ringipamd's store flags and the list's store differ:\nagent %+v\nlist  %+v", cfg.Store, pm.Store)
 	}
 	for _, p := range []struct {
-		name  string
-		probe *corev1.Probe
-	}{{"liveness", a.LivenessProbe}, {"readiness", a.ReadinessProbe}} {
+		name, path string
+		probe      *corev1.Probe
+	}{{"liveness", "/livez", a.LivenessProbe}, {"readiness", "/readyz", a.ReadinessProbe}} {
 		if p.probe == nil || p.probe.HTTPGet == nil {
 			t.Errorf("ringipamd: no %s probe over HTTP", p.name)
 			continue
 		}
 		g := p.probe.HTTPGet
-		if got := fmt.Sprintf("%s:%s", g.Host, g.Port.String()); g.Path != "/healthz" || got != cfg.Listen {
-			t.Errorf("ringipamd: %s probe on %s%s, the agent serves /healthz on %s", p.name, got, g.Path, cfg.Listen)
+		if got := fmt.Sprintf("%s:%s", g.Host, g.Port.String()); g.Path != p.path || got != cfg.Listen {
+			t.Errorf("ringipamd: %s probe on %s%s, the agent serves %s on %s", p.name, got, g.Path, p.path, cfg.Listen)
+		}
+	}
+	// Uninstall: the preStop hook, which reads this DaemonSet with the
+	// pod's account (the Role, bound to the pod's ServiceAccount), and sees
+	// the installer's record and the host's CNI directories where the
+	// installer wrote them.
+	if h := a.Lifecycle; h == nil || h.PreStop == nil || h.PreStop.Exec == nil ||
+		!reflect.DeepEqual(h.PreStop.Exec.Command, []string{"/usr/local/bin/ringipam-uninstall", "--daemonset=" + ds.Name}) {
+		t.Errorf("ringipamd: lifecycle %+v: want the preStop hook ringipam-uninstall --daemonset=%s", a.Lifecycle, ds.Name)
+	}
+	if spec.AutomountServiceAccountToken != nil && !*spec.AutomountServiceAccountToken ||
+		m.sa.AutomountServiceAccountToken != nil && !*m.sa.AutomountServiceAccountToken {
+		t.Error("the service-account token is not mounted: the preStop hook cannot ask for the DaemonSet")
+	}
+	if r := m.role.Rules; len(r) != 1 || !reflect.DeepEqual(r[0], rbacv1.PolicyRule{APIGroups: []string{"apps"}, Resources: []string{"daemonsets"},
+		ResourceNames: []string{ds.Name}, Verbs: []string{"get"}}) {
+		t.Errorf("Role rules %+v: want get on daemonsets/%s only", r, ds.Name)
+	}
+	if rb := m.rb; rb.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: m.role.Name}) || len(rb.Subjects) != 1 ||
+		rb.Subjects[0] != (rbacv1.Subject{Kind: "ServiceAccount", Name: m.sa.Name, Namespace: m.ns.Name}) {
+		t.Errorf("RoleBinding %+v: want Role %s bound to ServiceAccount %s", rb, m.role.Name, m.sa.Name)
+	}
+	for _, c := range []*corev1.Container{in, a} {
+		for dir, host := range map[string]string{"/host/opt/cni/bin": "/opt/cni/bin", "/host/etc/cni/net.d": "/etc/cni/net.d", "/var/lib/ringipam": "/var/lib/ringipam"} {
+			if p := hostPathAt(t, spec, c, dir); p != host {
+				t.Errorf("%s: %s is the host's %s, want %s", c.Name, dir, p, host)
+			}
 		}
 	}
 	// The directories the plugins on the host and the agent share.
@@ -492,7 +531,8 @@ func TestCNIList(t *testing.T) {
 // TestInstaller runs the installer from the ConfigMap in a directory tree
 // standing for the node and the image: the plugins and the list land in the
 // host's directories with the node's name, through a temporary file renamed
-// over the target, and a node's own reference plugin is left alone.
+// over the target, a node's own reference plugin is left alone, and the
+// record (what ringipam-uninstall removes) lists exactly what it wrote.
 func TestInstaller(t *testing.T) {
 	if _, err := exec.LookPath("sh"); err != nil {
 		t.Fatalf("the installer is a shell script: %v", err)
@@ -549,6 +589,35 @@ func TestInstaller(t *testing.T) {
 	}
 	if want := strings.ReplaceAll(m.cm.Data[listKey], nodeToken, "node-a"); string(got) != want {
 		t.Errorf("the installed list is not the ConfigMap's with the node's name:\n%s", got)
+	}
+	// The record lists what the installer wrote (not the node's own
+	// bridge), as the container sees it; a second run (a new pod) replaces
+	// its own loopback and keeps it in the record.
+	wantRecord := []string{"/host/opt/cni/bin/ipam-ring", "/host/opt/cni/bin/portmap-ingress", "/host/opt/cni/bin/loopback", "/host/etc/cni/net.d/" + listKey}
+	checkRecord := func(when string) {
+		t.Helper()
+		b, err := os.ReadFile(filepath.Join(root, "var/lib/ringipam/installed"))
+		if err != nil {
+			t.Fatalf("%s: the installer's record: %v", when, err)
+		}
+		var got []string
+		for _, l := range strings.Fields(string(b)) {
+			got = append(got, strings.TrimPrefix(l, root))
+		}
+		if !reflect.DeepEqual(got, wantRecord) {
+			t.Errorf("%s: record %q, want %q", when, got, wantRecord)
+		}
+	}
+	checkRecord("first run")
+	write("opt/ringipam/cni-reference/loopback", "image's new loopback", 0o755)
+	if out, err := run("node-a"); err != nil {
+		t.Fatalf("installer, second run: %v\n%s", err, out)
+	}
+	checkRecord("second run")
+	for rel, want := range map[string]string{"host/opt/cni/bin/loopback": "image's new loopback", "host/opt/cni/bin/bridge": "node's bridge"} {
+		if b, err := os.ReadFile(filepath.Join(root, rel)); err != nil || string(b) != want {
+			t.Errorf("second run: %s: %q, %v; want %q", rel, b, err, want)
+		}
 	}
 	for _, dir := range []string{"host/opt/cni/bin", "host/etc/cni/net.d"} {
 		ents, err := os.ReadDir(filepath.Join(root, dir))

@@ -326,6 +326,7 @@ func (c *cluster) startNode(t *testing.T) {
 	c.importImage(t, pauseArchive, "")
 	c.importImage(t, imageArchive, "docker.io/ringipam/ringipam")
 
+	c.makeCgroupRoot(t)
 	kubeletConf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://%s
@@ -542,6 +543,7 @@ func (c *cluster) poll(timeout time.Duration, cond func(ctx context.Context) (bo
 // kubelet's root-dir mounts, the mount namespace; the control plane last.
 // What does not end on SIGTERM is killed and reported.
 func (c *cluster) teardown(t *testing.T) {
+	defer c.keepLogs(t)
 	if t.Failed() {
 		for _, name := range []string{"kubelet", "containerd", "kube-controller-manager", "kube-scheduler", "kube-apiserver"} {
 			if p := c.procs[name]; p != nil {
@@ -574,6 +576,54 @@ func (c *cluster) teardown(t *testing.T) {
 		}
 	}
 	c.removeCgroups(t)
+}
+
+// keepLogs copies the components' logs into the directory
+// RINGIPAM_K8S_LOGS names, when it is set (a CI artifact, a debugging aid).
+func (c *cluster) keepLogs(t *testing.T) {
+	dst := os.Getenv("RINGIPAM_K8S_LOGS")
+	if dst == "" {
+		return
+	}
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Errorf("RINGIPAM_K8S_LOGS: %v", err)
+		return
+	}
+	logs, _ := filepath.Glob(filepath.Join(c.dir, "*.log"))
+	for _, l := range logs {
+		if b, err := os.ReadFile(l); err == nil {
+			os.WriteFile(filepath.Join(dst, filepath.Base(l)), b, 0o644)
+		}
+	}
+	t.Logf("component logs copied to %s", dst)
+}
+
+// makeCgroupRoot creates kubelet's cgroupRoot in every cgroup v1
+// hierarchy (kubelet refuses a root missing in one); the cpuset one gets
+// its parent's CPUs and memory nodes, without which nothing can join it.
+func (c *cluster) makeCgroupRoot(t *testing.T) {
+	t.Helper()
+	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range hier {
+		if filepath.Base(h) == "unified" {
+			continue // cgroup v2's, which kubelet on cgroup v1 does not use
+		}
+		d := filepath.Join(h, c.cgroupRoot)
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatalf("cgroup root: %v", err)
+		}
+		if filepath.Base(h) == "cpuset" {
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				b, err := os.ReadFile(filepath.Join(h, f))
+				if err == nil {
+					err = os.WriteFile(filepath.Join(d, f), b, 0o644)
+				}
+				if err != nil {
+					t.Fatalf("cgroup root: %s: %v", f, err)
+				}
+			}
+		}
+	}
 }
 
 // cgroupDirs lists the pods' cgroup directories of every hierarchy

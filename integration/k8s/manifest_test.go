@@ -17,6 +17,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -96,6 +97,13 @@ func (c *cluster) loadManifest(t *testing.T) *manifest {
 			}
 		case *appsv1.DaemonSet:
 			spec := &o.Spec.Template.Spec
+			// The cluster has no kube-proxy: in-cluster clients (the
+			// preStop hook) reach the apiserver at its own address, as
+			// on any cluster without a service proxy.
+			for i := range spec.Containers {
+				spec.Containers[i].Env = append(spec.Containers[i].Env,
+					corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: nodeIP}, corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: apiPort})
+			}
 			for _, cs := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
 				for i := range cs {
 					cs[i].Image = replace("DaemonSet image", cs[i].Image, shippedImage, "docker.io/ringipam/ringipam:"+imageTag)
@@ -133,6 +141,10 @@ func (c *cluster) create(ctx context.Context, obj runtime.Object) error {
 		_, err = cs.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 	case *corev1.Secret:
 		_, err = cs.CoreV1().Secrets(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+	case *rbacv1.Role:
+		_, err = cs.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+	case *rbacv1.RoleBinding:
+		_, err = cs.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 	case *appsv1.DaemonSet:
 		_, err = cs.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 	default:
@@ -158,6 +170,10 @@ func (c *cluster) remove(ctx context.Context, obj runtime.Object) error {
 		err = cs.CoreV1().ConfigMaps(acc.GetNamespace()).Delete(ctx, acc.GetName(), opts)
 	case *corev1.Secret:
 		err = cs.CoreV1().Secrets(acc.GetNamespace()).Delete(ctx, acc.GetName(), opts)
+	case *rbacv1.Role:
+		err = cs.RbacV1().Roles(acc.GetNamespace()).Delete(ctx, acc.GetName(), opts)
+	case *rbacv1.RoleBinding:
+		err = cs.RbacV1().RoleBindings(acc.GetNamespace()).Delete(ctx, acc.GetName(), opts)
 	case *appsv1.DaemonSet:
 		err = cs.AppsV1().DaemonSets(acc.GetNamespace()).Delete(ctx, acc.GetName(), opts)
 	default:
@@ -182,6 +198,10 @@ func (c *cluster) exists(ctx context.Context, obj runtime.Object) (bool, error) 
 		_, err = cs.CoreV1().ConfigMaps(acc.GetNamespace()).Get(ctx, acc.GetName(), metav1.GetOptions{})
 	case *corev1.Secret:
 		_, err = cs.CoreV1().Secrets(acc.GetNamespace()).Get(ctx, acc.GetName(), metav1.GetOptions{})
+	case *rbacv1.Role:
+		_, err = cs.RbacV1().Roles(acc.GetNamespace()).Get(ctx, acc.GetName(), metav1.GetOptions{})
+	case *rbacv1.RoleBinding:
+		_, err = cs.RbacV1().RoleBindings(acc.GetNamespace()).Get(ctx, acc.GetName(), metav1.GetOptions{})
 	case *appsv1.DaemonSet:
 		_, err = cs.AppsV1().DaemonSets(acc.GetNamespace()).Get(ctx, acc.GetName(), metav1.GetOptions{})
 	default:

@@ -516,9 +516,17 @@ func testAgentRestart(t *testing.T, c *cluster) {
 }
 
 // testUninstall deletes the manifest's objects as `kubectl delete -f`
-// does and waits until they are gone.
+// does (in file order, background propagation, then waits until they are
+// gone). The agent's preStop hook finds its DaemonSet going away and
+// removes what the installer wrote on the node: the list, the binaries and
+// its record. (That the hook keeps them on a mere restart is what the
+// other scenarios show: the agent pod is restarted under them.)
 func testUninstall(t *testing.T, c *cluster, m *manifest) {
 	ctx := context.Background()
+	agent, err := c.agentPod(ctx)
+	if err != nil || agent == nil {
+		t.Fatalf("no agent pod: %v", err)
+	}
 	for _, obj := range m.objs {
 		if err := c.remove(ctx, obj); err != nil {
 			t.Fatalf("deleting %T %s: %v", obj, obj.(metav1.Object).GetName(), err)
@@ -536,5 +544,10 @@ func testUninstall(t *testing.T, c *cluster, m *manifest) {
 	}
 	if err := c.poll(installTimeout, func(context.Context) (bool, error) { return c.agentPID() == 0, nil }); err != nil {
 		t.Fatalf("agent still running after uninstall: %v", err)
+	}
+	for _, p := range append(installedBinaries, "/etc/cni/net.d/10-ringipam.conflist", "/var/lib/ringipam/installed") {
+		if _, err := os.Stat(c.hostDir(p)); !os.IsNotExist(err) {
+			t.Errorf("%s still on the node after uninstall (%v); agent pod events: %s", p, err, strings.Join(c.events(installNS, agent.Name), " | "))
+		}
 	}
 }
