@@ -590,9 +590,15 @@ func (c *cluster) keepLogs(t *testing.T) {
 		return
 	}
 	logs, _ := filepath.Glob(filepath.Join(c.dir, "*.log"))
-	for _, l := range logs {
+	// The DaemonSet's containers' logs, as kubelet keeps them.
+	pods, _ := filepath.Glob(filepath.Join(c.hostDir("/var/log/pods"), installNS+"_*", "*", "*.log"))
+	for _, l := range append(logs, pods...) {
+		name := filepath.Base(l)
+		if rel, err := filepath.Rel(c.hostDir("/var/log/pods"), l); err == nil && !strings.HasPrefix(rel, "..") {
+			name = "pod_" + strings.ReplaceAll(rel, "/", "_")
+		}
 		if b, err := os.ReadFile(l); err == nil {
-			os.WriteFile(filepath.Join(dst, filepath.Base(l)), b, 0o644)
+			os.WriteFile(filepath.Join(dst, name), b, 0o644)
 		}
 	}
 	t.Logf("component logs copied to %s", dst)
