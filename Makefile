@@ -107,7 +107,7 @@ ci-nonroot-check:
 	scripts/ci-nonroot-check.sh
 
 test: K8S_BUILD = background
-test: deps fmt-check tidy-check vet unit model-check ci-nonroot-check integration
+test: deps fmt-check tidy-check vet unit model-check ci-nonroot-check integration integration-k8s
 
 # go.mod and go.sum must be what `go mod tidy` makes of the code.
 tidy-check:

@@ -737,6 +737,9 @@ func describePod(p *corev1.Pod) string {
 		if x := cs.State.Terminated; x != nil {
 			s += fmt.Sprintf(" terminated %s (%d): %s", x.Reason, x.ExitCode, x.Message)
 		}
+		if x := cs.LastTerminationState.Terminated; x != nil {
+			s += fmt.Sprintf(" (last: %s, exit %d, signal %d, at %s)", x.Reason, x.ExitCode, x.Signal, x.FinishedAt.UTC().Format("15:04:05"))
+		}
 	}
 	for _, cond := range p.Status.Conditions {
 		if cond.Status != corev1.ConditionTrue && cond.Message != "" {

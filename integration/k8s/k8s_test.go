@@ -10,7 +10,8 @@
 // pulled), applies the manifest through the apiserver with client-go
 // (manifest_test.go), waits for the DaemonSet, then runs Deployments,
 // StatefulSets and hostPorts whose addresses come from ipam-ring, restarts
-// the agent under them, and deletes the manifest again.
+// the agent under them, replaces its pod (its preStop hook keeps the
+// node's files) and deletes the manifest again (the hook removes them).
 //
 // Runs as root. Under CI (the CI variable set) a missing binary fails the
 // suite instead of skipping it.
@@ -125,6 +126,7 @@ func TestKubernetes(t *testing.T) {
 		{"StatefulSet", testStatefulSet},
 		{"HostPort", testHostPort},
 		{"AgentRestart", testAgentRestart},
+		{"AgentReplaced", testAgentReplaced},
 	} {
 		start := time.Now()
 		if !t.Run(s.name, func(t *testing.T) { s.fn(t, c) }) {

@@ -487,9 +487,10 @@ func testAgentRestart(t *testing.T, c *cluster) {
 	}
 	createdWhileDown := !c.agentAnswers()
 	pods := c.waitPods(t, "meanwhile", n)
-	c.waitPod(t, installNS, agent.Name, podTimeout, "restarted twice and ready", func(p *corev1.Pod) bool {
+	final := c.waitPod(t, installNS, agent.Name, podTimeout, "restarted twice and ready", func(p *corev1.Pod) bool {
 		return p != nil && restarts(p) >= base+2 && podReady(p)
 	})
+	t.Logf("agent pod after the kills: %s", describePod(final))
 	var refused int
 	for _, p := range pods {
 		for _, e := range c.events(testNS, p.Name) {
@@ -511,6 +512,81 @@ func testAgentRestart(t *testing.T, c *cluster) {
 	owned, held := c.ls(t)
 	if len(owned) != 0 {
 		t.Errorf("owners left after the pods are gone: %+v", owned)
+	}
+	c.dropHolds(t, held)
+}
+
+// testAgentReplaced: the agent's pod is deleted (as a rolling update or a
+// drain does): its preStop hook runs, finds the DaemonSet still there and
+// keeps the node's list and plugins; the DaemonSet's new pod takes over.
+// The list is checked every 50 ms from the deletion until the new pod is
+// ready: it is never missing.
+func testAgentReplaced(t *testing.T, c *cluster) {
+	ctx := context.Background()
+	old, err := c.agentPod(ctx)
+	if err != nil || old == nil {
+		t.Fatalf("no agent pod: %v", err)
+	}
+	files := append([]string{"/etc/cni/net.d/10-ringipam.conflist"}, installedBinaries...)
+	missing := make(chan string, 1)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			for _, p := range files {
+				if _, err := os.Stat(c.hostDir(p)); err != nil {
+					select {
+					case missing <- p:
+					default:
+					}
+				}
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}()
+	if err := c.cs.CoreV1().Pods(installNS).Delete(ctx, old.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var repl *corev1.Pod
+	err = c.poll(podTimeout, func(ctx context.Context) (bool, error) {
+		repl, err = c.agentPod(ctx)
+		return err == nil && repl != nil && repl.UID != old.UID && podReady(repl), nil
+	})
+	close(stop)
+	<-done
+	if err != nil {
+		t.Fatalf("no new agent pod ready: %v; %s", err, c.agentPodState())
+	}
+	select {
+	case p := <-missing:
+		t.Errorf("%s went missing while the agent's pod was replaced (the preStop hook uninstalled on a mere restart)", p)
+	default:
+	}
+	for _, e := range c.events(installNS, old.Name) {
+		if strings.HasPrefix(e, "FailedPreStopHook") {
+			t.Errorf("old agent pod: %s", e)
+		}
+	}
+	t.Logf("agent pod %s replaced by %s; the list and plugins stayed", old.Name, repl.Name)
+	// The new agent serves: a pod gets an address.
+	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "after-replace", Namespace: testNS, Labels: labels("after-replace")}, Spec: podSpec()}
+	if _, err := c.cs.CoreV1().Pods(testNS).Create(ctx, p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pods := c.waitPods(t, "after-replace", 1)
+	c.checkOwned(t, pods)
+	if err := c.cs.CoreV1().Pods(testNS).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitPods(t, "after-replace", 0)
+	owned, held := c.ls(t)
+	if len(owned) != 0 {
+		t.Errorf("owners left: %+v", owned)
 	}
 	c.dropHolds(t, held)
 }
