@@ -60,7 +60,8 @@ const imageTimeout = 10 * time.Minute
 
 // buildImage sets imageArchive and imageTag: bin/ringipam-image-<version>
 // for this checkout's `git describe`, reused when it exists and the tree is
-// clean (the file was built from this very commit), built otherwise.
+// clean (the file was built from this very commit), built otherwise (and
+// removed at the end when the tree is dirty).
 func buildImage(t *testing.T) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), imageTimeout)
@@ -86,6 +87,11 @@ func buildImage(t *testing.T) {
 	}
 	if _, err := os.Stat(imageArchive); err != nil {
 		t.Fatalf("scripts/build-image.sh wrote no %s", imageArchive)
+	}
+	if strings.HasSuffix(imageTag, "-dirty") {
+		// Never reused (see above): not left to pile up in bin/.
+		archive := imageArchive
+		t.Cleanup(func() { os.Remove(archive) })
 	}
 	t.Logf("image %s built in %v", imageTag, time.Since(start).Round(time.Second))
 }
