@@ -6,6 +6,7 @@ package ipam
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -20,6 +21,55 @@ import (
 // conflist's main plugin declares the "io.kubernetes.cri.pod-annotations"
 // capability.
 const IPAnnotation = "ringipam.io/ip"
+
+// ReservationAnnotation is the pod annotation that, with
+// "reservationFromPod": "annotated", makes the pod's namespace/name its
+// reservation: "true" for yes. Like IPAnnotation it reaches ipam-ring
+// only when the main plugin declares the "io.kubernetes.cri.pod-annotations"
+// capability.
+const ReservationAnnotation = "ringipam.io/reservation"
+
+// reservationMode is "reservationFromPod": false (off), true (every pod's
+// namespace/name is its reservation) or "annotated" (only pods annotated
+// ReservationAnnotation: "true", e.g. a StatefulSet's template: pods of
+// generated names, a Deployment's, never come back under their name, and
+// holding their addresses would only keep them out of use).
+type reservationMode string
+
+const (
+	reservationOff       reservationMode = ""
+	reservationAll       reservationMode = "all"
+	reservationAnnotated reservationMode = "annotated"
+)
+
+func (m *reservationMode) UnmarshalJSON(b []byte) error {
+	var on bool
+	if err := json.Unmarshal(b, &on); err == nil {
+		*m = reservationOff
+		if on {
+			*m = reservationAll
+		}
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil || s != string(reservationAnnotated) {
+		return fmt.Errorf("reservationFromPod is %s: want true, false or \"annotated\"", b)
+	}
+	*m = reservationAnnotated
+	return nil
+}
+
+// reserves says whether a pod with these annotations gets its
+// namespace/name as its reservation.
+func (m reservationMode) reserves(annotations map[string]string) bool {
+	switch m {
+	case reservationAll:
+		return true
+	case reservationAnnotated:
+		return strings.TrimSpace(annotations[ReservationAnnotation]) == "true"
+	}
+	return false
+}
 
 // loadStatics assigns every requested static address to the one range set
 // whose subnets contain it.

@@ -154,7 +154,7 @@ type ipamJSON struct {
 	Store              json.RawMessage `json:"store"`
 	Host               string          `json:"host"`
 	Pools              []string        `json:"pools"`
-	ReservationFromPod bool            `json:"reservationFromPod"`
+	ReservationFromPod reservationMode `json:"reservationFromPod"`
 	GatewayMode        string          `json:"gatewayMode"`
 	PerContainerPrefix string          `json:"perContainerPrefix"`
 	Timeout            string          `json:"timeout"`
@@ -340,7 +340,7 @@ func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 	switch {
 	case args.reservation != "":
 		c.Reservation = args.reservation
-	case im.ReservationFromPod && args.podNamespace != "" && args.podName != "":
+	case args.podNamespace != "" && args.podName != "" && im.ReservationFromPod.reserves(n.RuntimeConfig.Annotations):
 		c.Reservation = args.podNamespace + "/" + args.podName
 	}
 	if err := names.Reservation(c.Reservation); err != nil {

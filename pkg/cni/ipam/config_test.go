@@ -134,6 +134,31 @@ func TestLoadCases(t *testing.T) {
 				t.Errorf("reservation %q", c.Reservation)
 			}
 		}},
+		{name: "reservation annotated: annotated pod", ipam: `{"host":"h","reservationFromPod":"annotated",` + r4 + `}`, args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=db-0",
+			extra: `"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"ringipam.io/reservation":"true"}},`,
+			check: func(t *testing.T, c *Config) {
+				if c.Reservation != "db/db-0" {
+					t.Errorf("reservation %q, want db/db-0", c.Reservation)
+				}
+			}},
+		{name: "reservation annotated: pod without the annotation", ipam: `{"host":"h","reservationFromPod":"annotated",` + r4 + `}`, args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=web;K8S_POD_NAME=web-5d8f-x2k9q",
+			extra: `"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"ringipam.io/reservation":"false","other":"true"}},`,
+			check: func(t *testing.T, c *Config) {
+				if c.Reservation != "" {
+					t.Errorf("reservation %q, want none", c.Reservation)
+				}
+			}},
+		{name: "reservation annotated: no annotations sent", ipam: `{"host":"h","reservationFromPod":"annotated",` + r4 + `}`, args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=db-0", check: func(t *testing.T, c *Config) {
+			if c.Reservation != "" {
+				t.Errorf("reservation %q, want none", c.Reservation)
+			}
+		}},
+		{name: "reservationFromPod false", ipam: `{"host":"h","reservationFromPod":false,` + r4 + `}`, args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=db-0", check: func(t *testing.T, c *Config) {
+			if c.Reservation != "" {
+				t.Errorf("reservation %q, want none", c.Reservation)
+			}
+		}},
+		{name: "reservationFromPod of another mode", ipam: `{"host":"h","reservationFromPod":"yes",` + r4 + `}`, wantErr: `want true, false or "annotated"`},
 		{name: "pod args without reservationFromPod", ipam: `{"host":"h",` + r4 + `}`, args: "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p", check: func(t *testing.T, c *Config) {
 			if c.Reservation != "" {
 				t.Errorf("reservation %q", c.Reservation)
