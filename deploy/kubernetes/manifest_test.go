@@ -303,14 +303,14 @@ func TestDaemonSet(t *testing.T) {
 	if f := fieldEnv(a, "NODE_NAME"); f != "spec.nodeName" {
 		t.Errorf("ringipamd: NODE_NAME from %q, want spec.nodeName", f)
 	}
-	if f := fieldEnv(a, "NODE_IP"); f != "status.hostIP" {
-		t.Errorf("ringipamd: NODE_IP from %q, want status.hostIP", f)
+	if f := fieldEnv(a, "NODE_IP"); f != "status.hostIPs" {
+		t.Errorf("ringipamd: NODE_IP from %q, want status.hostIPs (both families on a dual-stack node)", f)
 	}
 	if len(a.Command) != 1 || path.Base(a.Command[0]) != "ringipamd" {
 		t.Errorf("ringipamd: command %q", a.Command)
 	}
 	// kubelet expands $(VAR) from the container's env.
-	expand := strings.NewReplacer("$(NODE_NAME)", "node-a", "$(NODE_IP)", "192.0.2.10")
+	expand := strings.NewReplacer("$(NODE_NAME)", "node-a", "$(NODE_IP)", "192.0.2.10,2001:db8::10")
 	var args []string
 	for _, s := range a.Args {
 		args = append(args, expand.Replace(s))
@@ -319,7 +319,7 @@ func TestDaemonSet(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ringipamd's args %q: %v", a.Args, err)
 	}
-	if cfg.Host != "node-a" || cfg.Addr != "192.0.2.10" {
+	if cfg.Host != "node-a" || cfg.Addr != "192.0.2.10,2001:db8::10" {
 		t.Errorf("ringipamd: host %q addr %q: want $(NODE_NAME) and $(NODE_IP)", cfg.Host, cfg.Addr)
 	}
 	pm := loadList(t, m.cm, "node-a").portmap
