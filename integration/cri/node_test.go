@@ -21,6 +21,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/ringipam/ringipam/integration/cnitest"
+	"github.com/ringipam/ringipam/integration/crinode"
 	"github.com/ringipam/ringipam/integration/netns"
 	"github.com/ringipam/ringipam/integration/pause"
 )
@@ -128,36 +129,14 @@ func startNode(t *testing.T, name string, conf func(ns *netns.NS) map[string]any
 	return n
 }
 
-// containerdConfig is a containerd 1.6 configuration (format version 2)
-// that keeps everything under dir. restrict_oom_score_adj: the test
-// machines lack CAP_SYS_RESOURCE, without which runc fails. The snapshotter
-// and plugins the suite does not need are off.
+// containerdConfig is a containerd 1.6 configuration that keeps everything
+// under dir.
 func containerdConfig(dir string) string {
-	return fmt.Sprintf(`version = 2
-root = %[1]q
-state = %[2]q
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
-
-[grpc]
-  address = %[3]q
-
-[ttrpc]
-  address = %[4]q
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %[5]q
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = %[6]q
-    conf_dir = %[7]q
-    max_conf_num = 1
-`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "c.sock"), filepath.Join(dir, "c.sock.ttrpc"),
-		pause.Image, filepath.Join(dir, "cni/bin"), filepath.Join(dir, "cni/conf"))
+	return crinode.ContainerdConfig(crinode.Paths{
+		Root: filepath.Join(dir, "root"), State: filepath.Join(dir, "state"),
+		Socket: filepath.Join(dir, "c.sock"), SandboxImage: pause.Image,
+		CNIBin: filepath.Join(dir, "cni/bin"), CNIConf: filepath.Join(dir, "cni/conf"),
+	})
 }
 
 // startScript runs in the node's namespaces: it mounts a sysfs of the

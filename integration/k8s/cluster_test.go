@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/ringipam/ringipam/integration/crinode"
 	"github.com/ringipam/ringipam/integration/netns"
 	"github.com/ringipam/ringipam/integration/pause"
 	"github.com/ringipam/ringipam/internal/testenv"
@@ -383,36 +384,15 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFr
 	}
 }
 
-// containerdConfig is containerd 1.6's configuration (format version 2):
-// root, state and sockets under dir; the CNI directories are the node's
-// well-known ones (its private mounts); the sandbox image is the suite's.
-// restrict_oom_score_adj: the test machines lack CAP_SYS_RESOURCE.
+// containerdConfig is containerd 1.6's configuration: root, state and
+// sockets under dir; the CNI directories are the node's well-known ones
+// (its private mounts); the sandbox image is the suite's.
 func containerdConfig(dir string) string {
-	return fmt.Sprintf(`version = 2
-root = %[1]q
-state = %[2]q
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.internal.v1.opt", "io.containerd.tracing.processor.v1.otlp"]
-
-[grpc]
-  address = %[3]q
-
-[ttrpc]
-  address = %[4]q
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %[5]q
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/opt/cni/bin"
-    conf_dir = "/etc/cni/net.d"
-    max_conf_num = 1
-`, filepath.Join(dir, "containerd-root"), filepath.Join(dir, "containerd-state"), filepath.Join(dir, "c.sock"),
-		filepath.Join(dir, "c.sock.ttrpc"), pause.Image)
+	return crinode.ContainerdConfig(crinode.Paths{
+		Root: filepath.Join(dir, "containerd-root"), State: filepath.Join(dir, "containerd-state"),
+		Socket: filepath.Join(dir, "c.sock"), SandboxImage: pause.Image,
+		CNIBin: "/opt/cni/bin", CNIConf: "/etc/cni/net.d",
+	})
 }
 
 // importImage imports an image archive into the node's containerd (CRI's
