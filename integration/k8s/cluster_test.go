@@ -668,6 +668,17 @@ func (c *cluster) removeCgroups(t *testing.T) {
 // in their command line) that did not exit with their sandboxes.
 func (c *cluster) killShims(t *testing.T) {
 	want := []byte(filepath.Join(c.dir, "c.sock") + "\x00")
+	for _, pid := range processes(func(_ int, cmdline []byte) bool {
+		return bytes.Contains(cmdline, []byte("containerd-shim")) && bytes.Contains(cmdline, want)
+	}) {
+		syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// processes lists the PIDs of the machine's processes whose command line
+// (NUL-separated, as in /proc/PID/cmdline) match accepts.
+func processes(match func(pid int, cmdline []byte) bool) []int {
+	var pids []int
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -675,10 +686,11 @@ func (c *cluster) killShims(t *testing.T) {
 			continue
 		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err == nil && bytes.Contains(cmdline, []byte("containerd-shim")) && bytes.Contains(cmdline, want) {
-			syscall.Kill(pid, syscall.SIGKILL)
+		if err == nil && match(pid, cmdline) {
+			pids = append(pids, pid)
 		}
 	}
+	return pids
 }
 
 // waitPod waits until the pod satisfies cond (given the pod, or nil when

@@ -405,22 +405,17 @@ func testHostPort(t *testing.T, c *cluster) {
 // agentPID returns the PID of the agent's process on the node (its
 // container's main process: /usr/local/bin/ringipamd), 0 if none.
 func (c *cluster) agentPID() int {
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
+	pids := processes(func(pid int, cmdline []byte) bool {
+		if !strings.HasPrefix(string(cmdline), "/usr/local/bin/ringipamd\x00") {
+			return false
 		}
-		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !strings.HasPrefix(string(cmdline), "/usr/local/bin/ringipamd\x00") {
-			continue
-		}
-		cg, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if strings.Contains(string(cg), c.cgroupRoot+"/") {
-			return pid
-		}
+		cg, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cgroup"))
+		return strings.Contains(string(cg), c.cgroupRoot+"/")
+	})
+	if len(pids) == 0 {
+		return 0
 	}
-	return 0
+	return pids[0]
 }
 
 // agentAnswers reports whether the agent's socket on the node accepts.
