@@ -21,25 +21,17 @@ import (
 	"github.com/ringipam/ringipam/pkg/pool"
 )
 
-// routingState is what `ip route show table all` and `ip rule` print in
-// ns, both families; without withOurs, the lines of what ringipamd
-// --routes adds (its table 4212 and the rules to it) are left out.
+// routingState is the namespace's whole routing state (netns.RoutingState);
+// without withOurs, the lines of what ringipamd --routes adds (its table
+// 4212 and the rules to it) are left out.
 func routingState(t *testing.T, ns *netns.NS, withOurs bool) string {
 	t.Helper()
 	var b strings.Builder
-	for _, argv := range [][]string{
-		{"ip", "-4", "route", "show", "table", "all"},
-		{"ip", "-6", "route", "show", "table", "all"},
-		{"ip", "-4", "rule"},
-		{"ip", "-6", "rule"},
-	} {
-		b.WriteString("# " + strings.Join(argv, " ") + "\n")
-		for _, line := range strings.Split(ns.MustRun(t, argv...), "\n") {
-			if !withOurs && (strings.Contains(line, "table 4212") || strings.Contains(line, "lookup 4212")) {
-				continue
-			}
-			b.WriteString(line + "\n")
+	for _, line := range strings.SplitAfter(ns.RoutingState(t), "\n") {
+		if !withOurs && (strings.Contains(line, "table 4212") || strings.Contains(line, "lookup 4212")) {
+			continue
 		}
+		b.WriteString(line)
 	}
 	return b.String()
 }

@@ -116,6 +116,24 @@ func (n *NS) MustRun(t testing.TB, argv ...string) string {
 	return out
 }
 
+// RoutingState is what `ip route show table all` and `ip rule` print in
+// the namespace, both families, each under a "# <command>" line: its whole
+// routing state, to compare before and after a test.
+func (n *NS) RoutingState(t testing.TB) string {
+	t.Helper()
+	var b strings.Builder
+	for _, argv := range [][]string{
+		{"ip", "-4", "route", "show", "table", "all"},
+		{"ip", "-6", "route", "show", "table", "all"},
+		{"ip", "-4", "rule"},
+		{"ip", "-6", "rule"},
+	} {
+		b.WriteString("# " + strings.Join(argv, " ") + "\n")
+		b.WriteString(n.MustRun(t, argv...))
+	}
+	return b.String()
+}
+
 // Do runs fn on an OS thread switched into the namespace (processes fn
 // starts inherit it).
 func (n *NS) Do(fn func() error) error {

@@ -64,7 +64,7 @@ func TestBridgeContainersReachEachOther(t *testing.T) {
 		h.ctr.MustRun(t, "ip", "route", "add", "default", "via", "10.66.0.1")
 	}
 	for _, h := range []*host{a, b} { // both ends of the LAN up
-		before[h.name] = everything(t, h.ns) + h.ns.MustRun(t, "sysctl", "net.ipv4.conf.br0.proxy_arp")
+		before[h.name] = h.ns.RoutingState(t) + h.ns.MustRun(t, "sysctl", "net.ipv4.conf.br0.proxy_arp")
 	}
 	ping := func(from *host, to string) error {
 		_, err := from.ctr.Run("ping", "-c", "1", "-W", "2", to)
@@ -117,7 +117,7 @@ func TestBridgeContainersReachEachOther(t *testing.T) {
 		if err := h.ns.Do(h.tb.Clear); err != nil {
 			t.Fatalf("host %s: Clear: %v", h.name, err)
 		}
-		after := everything(t, h.ns) + h.ns.MustRun(t, "sysctl", "net.ipv4.conf.br0.proxy_arp")
+		after := h.ns.RoutingState(t) + h.ns.MustRun(t, "sysctl", "net.ipv4.conf.br0.proxy_arp")
 		if after != before[h.name] {
 			t.Errorf("host %s: state after Clear differs:\n--- before\n%s--- after\n%s", h.name, before[h.name], after)
 		}

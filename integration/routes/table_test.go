@@ -13,23 +13,6 @@ import (
 	"github.com/ringipam/ringipam/pkg/routes"
 )
 
-// everything is what `ip route show table all` and `ip rule` print, both
-// families: the whole routing state of the namespace.
-func everything(t *testing.T, n *netns.NS) string {
-	t.Helper()
-	var b strings.Builder
-	for _, argv := range [][]string{
-		{"ip", "-4", "route", "show", "table", "all"},
-		{"ip", "-6", "route", "show", "table", "all"},
-		{"ip", "-4", "rule"},
-		{"ip", "-6", "rule"},
-	} {
-		b.WriteString("# " + strings.Join(argv, " ") + "\n")
-		b.WriteString(n.MustRun(t, argv...))
-	}
-	return b.String()
-}
-
 func installed(t *testing.T, n *netns.NS, tb *routes.Table) []routes.Installed {
 	t.Helper()
 	var got []routes.Installed
@@ -72,7 +55,7 @@ func TestTableApplyChangeClear(t *testing.T) {
 	n.MustRun(t, "ip", "route", "add", "10.8.0.0/16", "via", "192.168.77.2", "table", "100")
 	n.MustRun(t, "ip", "route", "add", "10.7.0.0/16", "via", "192.168.77.3", "table", "4212", "proto", "static")
 	n.MustRun(t, "ip", "-6", "route", "add", "fd09::/64", "via", "fd77::1")
-	before := everything(t, n)
+	before := n.RoutingState(t)
 
 	var tb *routes.Table
 	if err := n.Do(func() (err error) { tb, err = routes.OpenTable(routes.TableConfig{}); return err }); err != nil {
@@ -153,7 +136,7 @@ func TestTableApplyChangeClear(t *testing.T) {
 	if got := installed(t, n, tb); len(got) != 0 {
 		t.Fatalf("after Clear the table holds %v", got)
 	}
-	if after := everything(t, n); after != before {
+	if after := n.RoutingState(t); after != before {
 		t.Fatalf("routing state after Clear differs from before Apply:\n--- before\n%s--- after\n%s", before, after)
 	}
 	if err := tb.Clear(); err != nil {
