@@ -102,7 +102,7 @@ func shape(subnet netip.Prefix, subPool string) (start, end netip.Addr, err erro
 	if sp.Addr().Is4() != subnet.Addr().Is4() || sp.Bits() < subnet.Bits() || !subnet.Contains(sp.Addr()) {
 		return netip.Addr{}, netip.Addr{}, fmt.Errorf("%w: ip-range %s is not inside subnet %s", pool.ErrInvalid, sp, subnet)
 	}
-	start, end = sp.Addr(), lastAddr(sp)
+	start, end = sp.Addr(), pool.LastAddr(sp)
 	if start.Compare(first) < 0 {
 		start = first
 	}
@@ -113,15 +113,4 @@ func shape(subnet netip.Prefix, subPool string) (start, end netip.Addr, err erro
 		return netip.Addr{}, netip.Addr{}, fmt.Errorf("%w: ip-range %s holds no usable address of subnet %s", pool.ErrInvalid, sp, subnet)
 	}
 	return start, end, nil
-}
-
-// lastAddr is the highest address of p.
-func lastAddr(p netip.Prefix) netip.Addr {
-	p = p.Masked()
-	b := p.Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }

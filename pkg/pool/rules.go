@@ -31,6 +31,17 @@ func UsableBounds(subnet netip.Prefix) (first, last netip.Addr, ok bool) {
 	return lo.addr(is4), hi.addr(is4), true
 }
 
+// LastAddr is the highest address of p (its broadcast address for IPv4).
+func LastAddr(p netip.Prefix) netip.Addr {
+	p = p.Masked()
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
 // DefaultGateway is the gateway a range of subnet gets when none is given:
 // its first usable address; none (false) for subnets of one or two
 // addresses (/31 and /32, /127 and /128), which are point-to-point links

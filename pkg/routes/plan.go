@@ -134,7 +134,7 @@ func Plan(in Input) Result {
 					rt := Route{Dst: dst, Via: via, Host: h.Name, Pool: p.Def.Name}
 					if prev, ok := taken[dst]; ok {
 						if prev.Via != via {
-							res.Refused = append(res.Refused, Refusal{Pool: p.Def.Name, Host: r.Host, Start: dst.Addr(), End: last(dst),
+							res.Refused = append(res.Refused, Refusal{Pool: p.Def.Name, Host: r.Host, Start: dst.Addr(), End: pool.LastAddr(dst),
 								Reason: fmt.Sprintf("%s is already routed via %s for host %s of pool %s (overlapping isolated pools)", dst, prev.Via, prev.Host, prev.Pool)})
 						}
 						continue
@@ -216,7 +216,7 @@ func segments(d pool.Def) []interval {
 	}
 	for _, p := range d.Exclude {
 		p = p.Masked()
-		segs = subtract(segs, interval{p.Addr(), last(p)})
+		segs = subtract(segs, interval{p.Addr(), pool.LastAddr(p)})
 	}
 	return segs
 }
@@ -258,16 +258,6 @@ func clip(iv interval, segs []interval) []interval {
 	return out
 }
 
-// last returns the last address of p (p masked).
-func last(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
-}
-
 // Prefixes splits the inclusive range [lo, hi] into the fewest CIDR
 // prefixes, in address order. It returns nil when lo and hi are of
 // different families, invalid, or lo > hi. (go4.org/netipx's
@@ -283,14 +273,14 @@ func Prefixes(lo, hi netip.Addr) []netip.Prefix {
 		bits := lo.BitLen()
 		for bits > 0 {
 			wider := netip.PrefixFrom(lo, bits-1)
-			if wider.Masked().Addr() != lo || last(wider).Compare(hi) > 0 {
+			if wider.Masked().Addr() != lo || pool.LastAddr(wider).Compare(hi) > 0 {
 				break
 			}
 			bits--
 		}
 		p := netip.PrefixFrom(lo, bits)
 		out = append(out, p)
-		end := last(p)
+		end := pool.LastAddr(p)
 		if end.Compare(hi) >= 0 {
 			return out
 		}

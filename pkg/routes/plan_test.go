@@ -57,7 +57,7 @@ func checkCover(t *testing.T, lo, hi netip.Addr, ps []netip.Prefix) {
 	if len(ps) == 0 {
 		return
 	}
-	if ps[0].Addr() != lo || last(ps[len(ps)-1]) != hi {
+	if ps[0].Addr() != lo || pool.LastAddr(ps[len(ps)-1]) != hi {
 		t.Fatalf("%v does not run from %s to %s", ps, lo, hi)
 	}
 	for i, q := range ps {
@@ -68,7 +68,7 @@ func checkCover(t *testing.T, lo, hi netip.Addr, ps []netip.Prefix) {
 			continue
 		}
 		prev := ps[i-1]
-		if last(prev).Next() != q.Addr() {
+		if pool.LastAddr(prev).Next() != q.Addr() {
 			t.Fatalf("%s does not follow %s", q, prev)
 		}
 		if prev.Bits() == q.Bits() && netip.PrefixFrom(prev.Addr(), prev.Bits()-1).Masked().Addr() == prev.Addr() {

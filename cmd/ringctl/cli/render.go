@@ -221,7 +221,7 @@ func routeGroups(rs []routes.Route) []string {
 			order = append(order, g)
 		}
 		g.n++
-		lo, hi := r.Dst.Addr(), lastOf(r.Dst)
+		lo, hi := r.Dst.Addr(), pool.LastAddr(r.Dst)
 		if k := len(g.spans); k > 0 && g.spans[k-1].hi.Next() == lo {
 			g.spans[k-1].hi = hi
 			continue
@@ -237,16 +237,6 @@ func routeGroups(rs []routes.Route) []string {
 		out = append(out, fmt.Sprintf("%s: %s (%d prefixes)", g.head, strings.Join(parts, ", "), g.n))
 	}
 	return out
-}
-
-// lastOf is the last address of p.
-func lastOf(p netip.Prefix) netip.Addr {
-	b := p.Masked().Addr().AsSlice()
-	for i := p.Bits(); i < len(b)*8; i++ {
-		b[i/8] |= 0x80 >> (i % 8)
-	}
-	a, _ := netip.AddrFromSlice(b)
-	return a
 }
 
 func hasOrphanMark(hs []HostStatus) bool {
