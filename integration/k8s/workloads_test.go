@@ -363,6 +363,11 @@ func testHostPort(t *testing.T, c *cluster) {
 		return p != nil && p.Status.Phase == corev1.PodRunning && podReady(p)
 	})
 	c.waitAnswer(t, "pod hp-a")
+	// The positive control of the check after the pods are gone: while
+	// hp-a runs, ringctl ports lists its port.
+	if ports := string(c.ringctl(t, "ports")); !strings.Contains(ports, strconv.Itoa(hostPort)) {
+		t.Errorf("port %d of the running hp-a is not listed by ringctl ports:\n%s", hostPort, ports)
+	}
 
 	if _, err := c.cs.CoreV1().Pods(testNS).Create(ctx, hostPortPod("hp-b"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -429,12 +434,15 @@ func (c *cluster) agentAnswers() bool {
 }
 
 // testAgentRestart: the DaemonSet's agent is killed; kubelet restarts it.
-// Pods created while it is down wait (their ADDs fail with code 11, kubelet
-// retries) and then start; no address or port leaks.
+// Pods created while it is down wait (their ADDs fail with code 11 naming
+// the agent's socket, kubelet retries) and then start; no address or port
+// leaks.
 //
-// The first restart of a container is immediate, so the agent is killed
-// twice: after the second kill kubelet holds it in CrashLoopBackOff (10 s),
-// and the pods are created once the agent's socket refuses.
+// The first restart of a container is immediate and every later one waits
+// twice as long as the one before (10 s, 20 s, 40 s): the agent is killed
+// agentKills times, so that after the last kill kubelet holds it back for
+// 40 s, and the pods are created then. Every kill is one restart: the
+// restart count ends exactly agentKills above where it started.
 func testAgentRestart(t *testing.T, c *cluster) {
 	ctx := context.Background()
 	agent, err := c.agentPod(ctx)
@@ -449,8 +457,9 @@ func testAgentRestart(t *testing.T, c *cluster) {
 		}
 		return -1
 	}
+	const agentKills = 4
 	base := restarts(agent)
-	for kill := 1; kill <= 2; kill++ {
+	for kill := 1; kill <= agentKills; kill++ {
 		var pid int
 		if err := c.poll(podTimeout, func(context.Context) (bool, error) {
 			pid = c.agentPID()
@@ -464,13 +473,13 @@ func testAgentRestart(t *testing.T, c *cluster) {
 		if err := c.poll(podTimeout, func(context.Context) (bool, error) { return !c.agentAnswers(), nil }); err != nil {
 			t.Fatalf("agent socket still answers after kill %d: %v", kill, err)
 		}
-		if kill == 1 {
-			c.waitPod(t, installNS, agent.Name, podTimeout, "restarted once", func(p *corev1.Pod) bool {
-				return p != nil && restarts(p) >= base+1 && podReady(p)
+		if kill < agentKills {
+			c.waitPod(t, installNS, agent.Name, podTimeout, fmt.Sprintf("restarted %d times", kill), func(p *corev1.Pod) bool {
+				return p != nil && restarts(p) >= base+int32(kill) && podReady(p)
 			})
 		}
 	}
-	// The agent is down: create the pods now.
+	// The agent is down for 40 s: create the pods now.
 	const n = 3
 	for i := range n {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("meanwhile-%d", i), Namespace: testNS, Labels: labels("meanwhile")}, Spec: podSpec()}
@@ -478,23 +487,33 @@ func testAgentRestart(t *testing.T, c *cluster) {
 			t.Fatal(err)
 		}
 	}
-	createdWhileDown := !c.agentAnswers()
+	// Each pod's first sandbox fails through ipam-ring with code 11, naming
+	// the socket the agent is not answering on.
+	const socket = "/run/ringipam/agent.sock"
+	refusedBy := func(e string) bool {
+		return strings.HasPrefix(e, "FailedCreatePodSandBox: ") && strings.Contains(e, "no host agent answers at "+socket) &&
+			strings.Contains(e, "(CNI code 11: try again later)")
+	}
+	for i := range n {
+		name := fmt.Sprintf("meanwhile-%d", i)
+		var events []string
+		if err := c.poll(podTimeout, func(context.Context) (bool, error) {
+			events = c.events(testNS, name)
+			return slices.ContainsFunc(events, refusedBy), nil
+		}); err != nil {
+			t.Fatalf("%s: no sandbox refused with code 11 naming %s while the agent was down: %v; events: %s; %s",
+				name, socket, err, strings.Join(events, " | "), c.agentPodState())
+		}
+		t.Logf("%s waited: %s", name, events[slices.IndexFunc(events, refusedBy)])
+	}
 	pods := c.waitPods(t, "meanwhile", n)
-	final := c.waitPod(t, installNS, agent.Name, podTimeout, "restarted twice and ready", func(p *corev1.Pod) bool {
-		return p != nil && restarts(p) >= base+2 && podReady(p)
+	final := c.waitPod(t, installNS, agent.Name, podTimeout, fmt.Sprintf("restarted %d times and ready", agentKills), func(p *corev1.Pod) bool {
+		return p != nil && restarts(p) >= base+agentKills && podReady(p)
 	})
 	t.Logf("agent pod after the kills: %s", describePod(final))
-	var refused int
-	for _, p := range pods {
-		for _, e := range c.events(testNS, p.Name) {
-			if strings.HasPrefix(e, "FailedCreatePodSandBox: ") {
-				refused++
-				t.Logf("%s waited: %s", p.Name, e)
-				break
-			}
-		}
+	if got := restarts(final); got != base+agentKills {
+		t.Errorf("agent restarted %d times, want exactly %d (one per kill: nothing else may restart it)", got-base, agentKills)
 	}
-	t.Logf("pods created while the agent was down: %v (socket refused after the creates); %d of %d saw a failed sandbox first", createdWhileDown, refused, n)
 	c.checkOwned(t, pods)
 	for _, p := range pods {
 		if err := c.cs.CoreV1().Pods(testNS).Delete(ctx, p.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {

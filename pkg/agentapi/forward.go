@@ -54,5 +54,8 @@ func Forward(ctx context.Context, socket, delQueue string, req *Request, notes i
 	default:
 		msg = fmt.Sprintf("%s: %v", req.Plugin, err)
 	}
+	// The code travels in the plugin's JSON, but runtimes show operators
+	// only the message (kubelet's FailedCreatePodSandBox events): say it.
+	msg += " (CNI code 11: try again later)"
 	return nil, types.NewError(types.ErrTryAgainLater, msg, "")
 }
