@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 
 	"github.com/ringipam/ringipam/pkg/store"
@@ -14,10 +15,22 @@ import (
 // state itself last time, and the definition and the ring seldom change,
 // so a note of what the last allocation or release here wrote lets the
 // next allocation plan without reading and commit in one round trip,
-// conditioned on the note's values being still the store's
+// conditioned on the noted keys being still at the noted revisions
 // (store.Speculator). When they are not, the same round trip answers the
 // store's state and the allocation goes on as if it had read it: two round
 // trips, as without notes.
+//
+// The note keeps the values (the ring, to plan on), but the commit
+// carries only their revisions: eight bytes each, where the ring grows
+// with the number of hosts. A revision names a value only within the
+// history it was read from; this host's own state, small, is also
+// compared by value, and that anchors the rest: it holds the bytes this
+// host wrote at the noted revision, which every other noted revision is
+// at most. A store that holds those bytes at that revision has the noted
+// history up to there (a store restored from an older backup holds this
+// host's older state, or the same write; a store written afresh since
+// holds another revision), so keys at their noted revisions hold their
+// noted values.
 
 // NoteKeeper keeps one note per name for this host's processes (ipam-ring:
 // a file beside the pool's host lock). The allocator reads and writes a
@@ -35,13 +48,9 @@ type NoteKeeper interface {
 // notes of their pools and commit in one round trip when the notes hold.
 func WithNotes(k NoteKeeper) Option { return func(a *Allocator) { a.notes = k } }
 
-// believed is the revision given to a key known from a note: conditions on
-// it are checked by value.
-const believed = -1
-
 // poolNote is what this host last knew of one pool: its definition, its
-// ring and this host's state (absent keys with Revision 0, present ones
-// with Revision believed).
+// ring and this host's state, each with the revision it had in the store
+// (0: absent).
 type poolNote struct {
 	def, ring, host store.KV
 }
@@ -52,12 +61,14 @@ func (a *Allocator) newNote(pool string) poolNote {
 	return poolNote{def: store.KV{Key: defKey(pool)}, ring: store.KV{Key: ringKey(pool)}, host: store.KV{Key: hostKey(pool, a.host)}}
 }
 
-// noteMagic starts every note: the format's name and version.
-const noteMagic = "ringipam pool note 1\n"
+// noteMagic starts every note: the format's name and version (1 was
+// values without revisions; such a note does not decode, which costs one
+// round trip).
+const noteMagic = "ringipam pool note 2\n"
 
-// encode writes the three values, each as its length (or "-" when absent)
-// on a line, then its bytes and a newline, and "end" last: a note cut
-// short anywhere does not decode.
+// encode writes the three keys, each as a line "<revision> <length>" (or
+// "-" when absent) followed by its value's bytes and a newline, and "end"
+// last: a note cut short anywhere does not decode.
 func (n poolNote) encode() []byte {
 	b := []byte(noteMagic)
 	for _, kv := range []store.KV{n.def, n.ring, n.host} {
@@ -65,6 +76,8 @@ func (n poolNote) encode() []byte {
 			b = append(b, "-\n"...)
 			continue
 		}
+		b = strconv.AppendInt(b, kv.Revision, 10)
+		b = append(b, ' ')
 		b = strconv.AppendInt(b, int64(len(kv.Value)), 10)
 		b = append(b, '\n')
 		b = append(b, kv.Value...)
@@ -90,11 +103,19 @@ func decodeNote(b []byte, n *poolNote) error {
 			kv.Value, kv.Revision, rest = nil, 0, after
 			continue
 		}
-		size, err := strconv.Atoi(string(line))
+		revText, sizeText, ok := bytes.Cut(line, []byte{' '})
+		if !ok {
+			return errBadNote
+		}
+		rev, err := strconv.ParseInt(string(revText), 10, 64)
+		if err != nil || rev <= 0 {
+			return errBadNote
+		}
+		size, err := strconv.Atoi(string(sizeText))
 		if err != nil || size < 0 || size >= len(after) || after[size] != '\n' {
 			return errBadNote
 		}
-		kv.Value, kv.Revision, rest = bytes.Clone(after[:size]), believed, after[size+1:]
+		kv.Value, kv.Revision, rest = bytes.Clone(after[:size]), rev, after[size+1:]
 	}
 	if string(rest) != "end\n" {
 		return errBadNote
@@ -102,21 +123,29 @@ func decodeNote(b []byte, n *poolNote) error {
 	return nil
 }
 
-// readNote returns this host's note of pool, if there is a usable one.
+// readNote returns this host's note of pool, if there is a usable one:
+// the definition and this host's state present (the state anchors the
+// revisions, see above).
 func (a *Allocator) readNote(pool string) (poolNote, bool) {
 	n := a.newNote(pool)
 	if a.notes == nil {
 		return n, false
 	}
 	b := a.notes.ReadNote(a.noteName(pool))
-	if b == nil || decodeNote(b, &n) != nil || !n.def.Exists() {
+	if b == nil || decodeNote(b, &n) != nil || !n.anchored() {
 		return n, false
 	}
 	return n, true
 }
 
-// apply updates n by what ops write.
-func (n *poolNote) apply(ops []store.Op) {
+// anchored reports whether n can be believed: the definition and this
+// host's state present, and no revision noted later than the state's.
+func (n poolNote) anchored() bool {
+	return n.def.Exists() && n.host.Exists() && n.def.Revision <= n.host.Revision && n.ring.Revision <= n.host.Revision
+}
+
+// apply updates n by what ops, committed at revision rev, wrote.
+func (n *poolNote) apply(ops []store.Op, rev int64) {
 	for _, o := range ops {
 		for _, kv := range []*store.KV{&n.def, &n.ring, &n.host} {
 			switch {
@@ -124,7 +153,7 @@ func (n *poolNote) apply(ops []store.Op) {
 			case o.Delete:
 				kv.Value, kv.Revision = nil, 0
 			default:
-				kv.Value, kv.Revision = o.Value, believed
+				kv.Value, kv.Revision = o.Value, rev
 			}
 		}
 	}
@@ -139,31 +168,47 @@ func (a *Allocator) speculating() (store.Speculator, bool) {
 	return sp, ok
 }
 
-// noteAllocation records, for each pool of s, what the committed plan p
-// left in the store.
-func (a *Allocator) noteAllocation(s *snapshot, p plan) {
-	if _, ok := a.speculating(); !ok {
+// commitNoted commits conds and ops and returns the commit's revision,
+// which notes record: through the store.Speculator when this allocator
+// keeps notes (one round trip, as Commit), else 0.
+func (a *Allocator) commitNoted(ctx context.Context, conds []store.Cond, ops []store.Op) (int64, error) {
+	sp, ok := a.speculating()
+	if !ok {
+		return 0, a.st.Commit(ctx, conds, ops)
+	}
+	rev, _, err := sp.CommitOrGet(ctx, conds, nil, ops, nil)
+	return rev, err
+}
+
+// noteAllocation records, for each pool of s, what the plan p, committed
+// at revision rev, left in the store. A commit whose revision is unknown
+// (0) leaves the notes as they were: stale, which costs a round trip.
+func (a *Allocator) noteAllocation(s *snapshot, p plan, rev int64) {
+	if _, ok := a.speculating(); !ok || rev <= 0 && len(p.ops) > 0 {
 		return
 	}
 	for _, t := range s.pools {
 		n := poolNote{def: t.defKV, ring: t.ringKV, host: t.hostKV}
-		n.apply(p.ops)
-		if n.def.Exists() {
+		n.apply(p.ops, rev)
+		// A replay (no commit) after another host changed the ring
+		// notes the ring later than this host's state: not anchored,
+		// the old note stays.
+		if n.anchored() {
 			a.notes.WriteNote(a.noteName(t.name), n.encode())
 		}
 	}
 }
 
-// noteRelease updates this host's notes of pools by a committed release's
-// ops (a pool without a note keeps none: the release did not read its
-// definition and ring).
-func (a *Allocator) noteRelease(pools []string, ops []store.Op) {
-	if _, ok := a.speculating(); !ok {
+// noteRelease updates this host's notes of pools by a release's ops,
+// committed at revision rev (a pool without a note keeps none: the
+// release did not read its definition and ring).
+func (a *Allocator) noteRelease(pools []string, ops []store.Op, rev int64) {
+	if _, ok := a.speculating(); !ok || rev <= 0 {
 		return
 	}
 	for _, pool := range pools {
 		if n, ok := a.readNote(pool); ok {
-			n.apply(ops)
+			n.apply(ops, rev)
 			a.notes.WriteNote(a.noteName(pool), n.encode())
 		}
 	}
@@ -171,15 +216,17 @@ func (a *Allocator) noteRelease(pools []string, ops []store.Op) {
 
 // speculate tries an allocation in one round trip, planned on this host's
 // notes of the wanted pools with the owner (and its reservation) believed
-// absent. done says it committed p, and s is the state p was planned on
-// (noteAllocation's). Otherwise s, unless nil, is the state the store
-// answered when the notes no longer held, decoded as a read would be: the
-// caller plans on it instead of reading. A nil s means nothing was tried,
-// or what was answered is stale (the store was just migrated).
-func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]Def) (p plan, s *snapshot, done bool, err error) {
+// absent, conditioned on the noted revisions and on this host's noted
+// states by value. done says it committed p, at revision rev, and s is
+// the state p was planned on (noteAllocation's). Otherwise s, unless nil,
+// is the state the store answered when the notes no longer held, decoded
+// as a read would be: the caller plans on it instead of reading. A nil s
+// means nothing was tried, or what was answered is stale (the store was
+// just migrated).
+func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]Def) (p plan, s *snapshot, rev int64, done bool, err error) {
 	sp, ok := a.speculating()
 	if !ok {
-		return plan{}, nil, false, nil
+		return plan{}, nil, 0, false, nil
 	}
 	ks, pools := a.readKeys(req)
 	kvs := make([]store.KV, len(ks.keys))
@@ -187,29 +234,31 @@ func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]
 		kvs[i].Key = k
 	}
 	same := []store.KV{{Key: layoutKey, Value: []byte(layoutVersion)}}
+	var conds []store.Cond
 	for _, pool := range pools {
 		n, ok := a.readNote(pool)
 		if !ok {
-			return plan{}, nil, false, nil
+			return plan{}, nil, 0, false, nil
 		}
 		for _, kv := range []store.KV{n.def, n.ring, n.host} {
 			kvs[ks.at[kv.Key]] = kv
 		}
-		same = append(same, n.def)
+		// The definition is not a condition of the plan (it never
+		// changes once recorded); the note's must be the store's. The
+		// host state is, by revision; its value anchors the revisions.
+		conds = append(conds, store.Unchanged(n.def), store.Unchanged(n.host))
+		same = append(same, n.host)
 	}
 	// A note that does not decode or plan is only a wrong belief: the
 	// ordinary path reads and decides, and reports what is really wrong.
 	if s, err = a.decodeSnapshot(ctx, req, defs, ks, pools, kvs); err != nil || len(s.newDefs) > 0 {
-		return plan{}, nil, false, nil
+		return plan{}, nil, 0, false, nil
 	}
 	if p, err = a.plan(ctx, s, req, true); err != nil || p.noop {
-		return plan{}, nil, false, nil
+		return plan{}, nil, 0, false, nil
 	}
-	var conds []store.Cond
 	for _, c := range p.conds {
-		if c.Revision == believed {
-			same = append(same, kvs[ks.at[c.Key]])
-		} else {
+		if !slices.Contains(conds, c) {
 			conds = append(conds, c)
 		}
 	}
@@ -217,25 +266,25 @@ func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]
 	if !a.layoutOK.Load() {
 		read = append(read[:len(read):len(read)], layoutKey)
 	}
-	answered, err := sp.CommitOrGet(ctx, conds, same, p.ops, read)
+	rev, answered, err := sp.CommitOrGet(ctx, conds, same, p.ops, read)
 	switch {
 	case err == nil:
 		a.stats.commits.Add(1)
 		a.stats.onNotes.Add(1)
-		return p, s, true, nil
+		return p, s, rev, true, nil
 	case errors.Is(err, store.ErrTooLarge):
-		return plan{}, nil, false, nil // the ordinary commit is smaller
+		return plan{}, nil, 0, false, nil // the ordinary commit is smaller
 	case !errors.Is(err, store.ErrConflict) || len(answered) != len(read):
-		return plan{}, nil, false, err
+		return plan{}, nil, 0, false, err
 	}
 	a.stats.notesWrong.Add(1)
 	if len(read) > len(ks.keys) {
 		migrated, err := a.layoutRead(ctx, answered[len(read)-1])
 		if err != nil || migrated {
-			return plan{}, nil, false, err
+			return plan{}, nil, 0, false, err
 		}
 		answered = answered[:len(ks.keys)]
 	}
 	s, err = a.decodeSnapshot(ctx, req, defs, ks, pools, answered)
-	return plan{}, s, false, err
+	return plan{}, s, 0, false, err
 }

@@ -73,8 +73,13 @@ func (c *callLog) Commit(ctx context.Context, conds []store.Cond, ops []store.Op
 	return c.Store.Commit(ctx, conds, ops)
 }
 
-func (c *callLog) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
-	c.count("commit-or-get")
+// CommitOrGet with nothing to read is a commit that tells its revision.
+func (c *callLog) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (int64, []store.KV, error) {
+	if len(read) == 0 {
+		c.count("commit")
+	} else {
+		c.count("commit-or-get")
+	}
 	return c.Store.CommitOrGet(ctx, conds, same, ops, read)
 }
 
@@ -185,6 +190,22 @@ func TestWrongNotesAreOnlyARoundTrip(t *testing.T) {
 			if _, err := b.Allocate(ctx, Request{Owner: own("b1"), Wants: ipWant("p")}); err != nil {
 				t.Fatal(err)
 			}
+		}, []string{"commit-or-get", "commit"}},
+		{"a note of another history at the same revisions", func(t *testing.T, _ *callLog, notes *memNotes) {
+			// As after a restore from a backup: the store's revisions are
+			// the note's, the bytes this host wrote there are not.
+			n := poolNote{def: store.KV{Key: defKey("p")}, ring: store.KV{Key: ringKey("p")}, host: store.KV{Key: hostKey("p", "h1")}}
+			if err := decodeNote(notes.ReadNote("p@h1"), &n); err != nil {
+				t.Fatal(err)
+			}
+			var hs hostState
+			if err := decodeHostState(n.host.Value, &hs); err != nil {
+				t.Fatal(err)
+			}
+			hs.Used += 7
+			hs.Cursor = mustAddr("198.18.0.9")
+			n.host.Value = encodeHostState(hs)
+			notes.WriteNote("p@h1", n.encode())
 		}, []string{"commit-or-get", "commit"}},
 		{"a torn note", func(t *testing.T, _ *callLog, notes *memNotes) {
 			n := notes.ReadNote("p@h1")
@@ -317,8 +338,8 @@ func TestNoteEncoding(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := a.newNote("p")
-	n.def.Value, n.def.Revision = []byte(`{"name":"p"}`), believed
-	n.host.Value, n.host.Revision = []byte("\n3\nend\n"), believed
+	n.def.Value, n.def.Revision = []byte(`{"name":"p"}`), 3
+	n.host.Value, n.host.Revision = []byte("\n3 4\nend\n"), 1234567890123
 	b := n.encode()
 	got := a.newNote("p")
 	if err := decodeNote(b, &got); err != nil {
