@@ -25,12 +25,13 @@ import (
 // with the number of hosts. A revision names a value only within the
 // history it was read from; this host's own state, small, is also
 // compared by value, and that anchors the rest: it holds the bytes this
-// host wrote at the noted revision, which every other noted revision is
-// at most. A store that holds those bytes at that revision has the noted
-// history up to there (a store restored from an older backup holds this
-// host's older state, or the same write; a store written afresh since
-// holds another revision), so keys at their noted revisions hold their
-// noted values.
+// host wrote at the noted revision, which no other noted revision exceeds
+// (anchored). A store that holds those bytes at that revision has the
+// noted history up to there: one restored from an older backup holds this
+// host's older state (or the same write, and all before it), one written
+// afresh holds other bytes or another revision, short of another write of
+// the very same bytes (the last-seen second included) at the very same
+// revision. So keys at their noted revisions hold their noted values.
 
 // NoteKeeper keeps one note per name for this host's processes (ipam-ring:
 // a file beside the pool's host lock). The allocator reads and writes a
