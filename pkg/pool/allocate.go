@@ -185,10 +185,15 @@ type poolTxn struct {
 	ring        ring
 	ringKV      store.KV
 	ringChanged bool
-	host        hostState
-	hostKV      store.KV
-	taken       map[u128]bool
-	useHint     bool
+	// fullRing, when the ring is a note's: the ring's stored value, of
+	// which ring holds this host's ranges only (see ownRanges) until a
+	// plan needs the others' (unnote).
+	fullRing []byte
+	noted    bool
+	host     hostState
+	hostKV   store.KV
+	taken    map[u128]bool
+	useHint  bool
 }
 
 func (s *snapshot) pool(name string) *poolTxn {
@@ -458,6 +463,9 @@ func (a *Allocator) pick(ctx context.Context, t *poolTxn, w Want, req Request, r
 	got, kv, err := a.pickDynamic(ctx, t)
 	var need errNeedSpace
 	if errors.As(err, &need) {
+		if err := a.unnote(t); err != nil {
+			return u128{}, store.KV{}, err
+		}
 		var given *store.Cond
 		if t.ring, given, err = a.planClaim(ctx, t.name, t.def, t.ring); err != nil {
 			return u128{}, store.KV{}, err
@@ -561,7 +569,13 @@ func (a *Allocator) pickStatic(ctx context.Context, t *poolTxn, addr netip.Addr,
 	}
 	// The address key's condition (absent, or the hold as read), added by
 	// the caller, is all it takes to move one address safely.
-	if tok := t.ring.ownerOf(v); tok.Host != a.host || tok.Tomb && !a.broken.ignoreTombs {
+	foreign := func() bool { tok := t.ring.ownerOf(v); return tok.Host != a.host || tok.Tomb && !a.broken.ignoreTombs }
+	if t.noted && foreign() {
+		if err := a.unnote(t); err != nil {
+			return u128{}, store.KV{}, err
+		}
+	}
+	if foreign() {
 		t.ring = t.ring.assign(v, v, a.host)
 		t.ringChanged = true
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 
@@ -32,6 +33,14 @@ import (
 // afresh holds other bytes or another revision, short of another write of
 // the very same bytes (the last-seen second included) at the very same
 // revision. So keys at their noted revisions hold their noted values.
+//
+// Nor does an allocation decode the whole noted ring, which cost every
+// ADD about a millisecond of CPU per 1 000 hosts: the note also keeps
+// this host's ranges alone, the others' space merged into ranges of no
+// real host (ownRanges), which is all a dynamic allocation plans on. A
+// plan that needs the others' ranges (a claim, a static address in
+// another host's range) decodes the whole ring then (unnote), as a plan
+// on a read does.
 
 // NoteKeeper keeps one note per name for this host's processes (ipam-ring:
 // a file beside the pool's host lock). The allocator reads and writes a
@@ -51,9 +60,18 @@ func WithNotes(k NoteKeeper) Option { return func(a *Allocator) { a.notes = k } 
 
 // poolNote is what this host last knew of one pool: its definition, its
 // ring and this host's state, each with the revision it had in the store
-// (0: absent).
+// (0: absent), and own, the ring's value cut to this host's ranges
+// (ownRanges; nil with the ring absent, or until withOwn).
 type poolNote struct {
 	def, ring, host store.KV
+	own             []byte
+}
+
+// withOwn sets n.own from n.ring, unless it is set.
+func (n *poolNote) withOwn(a *Allocator) {
+	if n.own == nil && n.ring.Exists() {
+		n.own = a.ownRanges(n.ring.Value)
+	}
 }
 
 func (a *Allocator) noteName(pool string) string { return pool + "@" + a.host }
@@ -67,12 +85,17 @@ func (a *Allocator) newNote(pool string) poolNote {
 // round trip).
 const noteMagic = "ringipam pool note 2\n"
 
-// encode writes the three keys, each as a line "<revision> <length>" (or
-// "-" when absent) followed by its value's bytes and a newline, and "end"
-// last: a note cut short anywhere does not decode.
+// encode writes the three keys and own (with the ring's revision), each
+// as a line "<revision> <length>" (or "-" when absent) followed by its
+// value's bytes and a newline, and "end" last: a note cut short anywhere
+// does not decode.
 func (n poolNote) encode() []byte {
 	b := []byte(noteMagic)
-	for _, kv := range []store.KV{n.def, n.ring, n.host} {
+	own := store.KV{Value: n.own}
+	if n.own != nil {
+		own.Revision = n.ring.Revision
+	}
+	for _, kv := range []store.KV{n.def, n.ring, n.host, own} {
 		if !kv.Exists() {
 			b = append(b, "-\n"...)
 			continue
@@ -95,7 +118,8 @@ func decodeNote(b []byte, n *poolNote) error {
 	if !ok {
 		return errBadNote
 	}
-	for _, kv := range []*store.KV{&n.def, &n.ring, &n.host} {
+	var own store.KV
+	for _, kv := range []*store.KV{&n.def, &n.ring, &n.host, &own} {
 		line, after, ok := bytes.Cut(rest, []byte{'\n'})
 		if !ok {
 			return errBadNote
@@ -118,9 +142,10 @@ func decodeNote(b []byte, n *poolNote) error {
 		}
 		kv.Value, kv.Revision, rest = bytes.Clone(after[:size]), rev, after[size+1:]
 	}
-	if string(rest) != "end\n" {
+	if string(rest) != "end\n" || own.Exists() != n.ring.Exists() || own.Revision != n.ring.Revision {
 		return errBadNote
 	}
+	n.own = own.Value
 	return nil
 }
 
@@ -157,6 +182,9 @@ func (n *poolNote) apply(ops []store.Op, rev int64) {
 				kv.Value, kv.Revision = o.Value, rev
 			}
 		}
+		if o.Key == n.ring.Key {
+			n.own = nil
+		}
 	}
 }
 
@@ -167,6 +195,50 @@ func (a *Allocator) speculating() (store.Speculator, bool) {
 	}
 	sp, ok := a.st.(store.Speculator)
 	return sp, ok
+}
+
+// ownRanges returns the tokens of the stored ring value v (absent: nil)
+// with every range that is not this host's merged into ranges of no
+// host: the ring a note keeps (see above). A value that does not decode
+// is kept as it is, to fail where the ring is decoded.
+func (a *Allocator) ownRanges(v []byte) []byte {
+	var tokens []token
+	if v == nil || decodeTokens(v, &tokens) != nil {
+		return v
+	}
+	out := tokens[:0]
+	for _, t := range tokens {
+		if t.Host != a.host {
+			if len(out) > 0 && out[len(out)-1].Host == othersHost {
+				continue
+			}
+			t = token{Start: t.Start, Host: othersHost}
+		}
+		out = append(out, t)
+	}
+	return encodeTokens(out)
+}
+
+// othersHost owns, in a note's own ranges, those that are not this
+// host's (no host is named so: names are validated). A plan that would
+// look at them decodes the whole ring first (unnote).
+const othersHost = "\x00others"
+
+// unnote replaces t's ring of this host's ranges, from a note, by the
+// whole ring the note holds, for a plan that needs the others' ranges.
+func (a *Allocator) unnote(t *poolTxn) error {
+	if !t.noted {
+		return nil
+	}
+	var tokens []token
+	if t.fullRing != nil {
+		if err := decodeTokens(t.fullRing, &tokens); err != nil {
+			return fmt.Errorf("pool %s: noted ring is corrupt: %w", t.name, err)
+		}
+	}
+	t.ring = ringFrom(t.def, tokens)
+	t.ringKV.Value, t.noted = t.fullRing, false
+	return nil
 }
 
 // commitNoted commits conds and ops and returns the commit's revision,
@@ -190,7 +262,11 @@ func (a *Allocator) noteAllocation(s *snapshot, p plan, rev int64) {
 	}
 	for _, t := range s.pools {
 		n := poolNote{def: t.defKV, ring: t.ringKV, host: t.hostKV}
+		if t.noted {
+			n.ring.Value, n.own = t.fullRing, t.ringKV.Value
+		}
 		n.apply(p.ops, rev)
+		n.withOwn(a)
 		// A replay (no commit) after another host changed the ring
 		// notes the ring later than this host's state: not anchored,
 		// the old note stays.
@@ -210,6 +286,7 @@ func (a *Allocator) noteRelease(pools []string, ops []store.Op, rev int64) {
 	for _, pool := range pools {
 		if n, ok := a.readNote(pool); ok {
 			n.apply(ops, rev)
+			n.withOwn(a)
 			a.notes.WriteNote(a.noteName(pool), n.encode())
 		}
 	}
@@ -236,14 +313,18 @@ func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]
 	}
 	same := []store.KV{{Key: layoutKey, Value: []byte(layoutVersion)}}
 	var conds []store.Cond
+	full := map[string][]byte{}
 	for _, pool := range pools {
 		n, ok := a.readNote(pool)
 		if !ok {
 			return plan{}, nil, 0, false, nil
 		}
-		for _, kv := range []store.KV{n.def, n.ring, n.host} {
+		own := n.ring
+		own.Value = n.own
+		for _, kv := range []store.KV{n.def, own, n.host} {
 			kvs[ks.at[kv.Key]] = kv
 		}
+		full[pool] = n.ring.Value
 		// The definition is not a condition of the plan (it never
 		// changes once recorded); the note's must be the store's. The
 		// host state is, by revision; its value anchors the revisions.
@@ -254,6 +335,9 @@ func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]
 	// ordinary path reads and decides, and reports what is really wrong.
 	if s, err = a.decodeSnapshot(ctx, req, defs, ks, pools, kvs); err != nil || len(s.newDefs) > 0 {
 		return plan{}, nil, 0, false, nil
+	}
+	for _, t := range s.pools {
+		t.noted, t.fullRing = true, full[t.name]
 	}
 	if p, err = a.plan(ctx, s, req, true); err != nil || p.noop {
 		return plan{}, nil, 0, false, nil

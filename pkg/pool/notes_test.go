@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -267,7 +268,10 @@ func TestNotesDecideAsReads(t *testing.T) {
 	ctx := context.Background()
 	clock := func() time.Time { return time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC) }
 	def := v4Def("p", "198.18.0.0/25")
-	run := func(withNotes bool) ([]store.KV, StatsSnapshot) {
+	var refused int
+	run := func(withNotes bool) ([]store.KV, []string, StatsSnapshot) {
+		var outcomes []string
+		refused = 0
 		st := memory.New()
 		var hosts []*Allocator
 		for _, h := range []string{"h1", "h2"} {
@@ -299,13 +303,31 @@ func TestNotesDecideAsReads(t *testing.T) {
 				continue
 			}
 			o := own(fmt.Sprintf("s%d", step))
-			if len(live[h]) > 0 && rng.IntN(5) == 0 {
+			repeated := len(live[h]) > 0 && rng.IntN(5) == 0
+			if repeated {
 				o = live[h][rng.IntN(len(live[h]))] // a repeated ADD
-			} else {
-				live[h] = append(live[h], o)
 			}
-			if _, err := a.Allocate(ctx, Request{Owner: o, Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+			wants := ipWant("p")
+			if rng.IntN(6) == 0 {
+				// A static address, often in the other host's ranges:
+				// the plan then needs the whole ring, not the note's
+				// ranges of this host.
+				wants[0].Addr = netip.AddrFrom4([4]byte{198, 18, 0, byte(1 + rng.IntN(126))})
+			}
+			got, err := a.Allocate(ctx, Request{Owner: o, Wants: wants, Defs: []Def{def}})
+			var inUse *InUseError
+			var exists *ExistsError
+			switch {
+			case errors.As(err, &inUse) || errors.As(err, &exists):
+				outcomes = append(outcomes, err.Error())
+				refused++
+			case err != nil:
 				t.Fatalf("step %d: %v", step, err)
+			default:
+				outcomes = append(outcomes, fmt.Sprint(got.Addrs))
+				if !repeated {
+					live[h] = append(live[h], o)
+				}
 			}
 		}
 		all, err := st.Scan(ctx, "", "\xff", 0)
@@ -319,17 +341,21 @@ func TestNotesDecideAsReads(t *testing.T) {
 		s2 := hosts[1].Stats()
 		s.OnNotes += s2.OnNotes
 		s.NotesWrong += s2.NotesWrong
-		return all, s
+		return all, outcomes, s
 	}
-	plain, _ := run(false)
-	noted, stats := run(true)
+	plain, plainOut, _ := run(false)
+	noted, notedOut, stats := run(true)
+	if diff := cmp.Diff(plainOut, notedOut); diff != "" {
+		t.Fatalf("allocations with notes differ from those without (-without +with):\n%s", diff)
+	}
 	if diff := cmp.Diff(plain, noted); diff != "" {
 		t.Fatalf("the store with notes differs from the store without (-without +with):\n%s", diff)
 	}
+
 	if stats.OnNotes < 50 || stats.NotesWrong < 10 {
 		t.Fatalf("stats %+v: the sequence did not exercise notes both held and wrong", stats)
 	}
-	t.Logf("%d allocations on notes, %d on wrong notes", stats.OnNotes, stats.NotesWrong)
+	t.Logf("%d allocations on notes, %d on wrong notes, %d static requests refused", stats.OnNotes, stats.NotesWrong, refused)
 }
 
 func TestNoteEncoding(t *testing.T) {
@@ -340,12 +366,18 @@ func TestNoteEncoding(t *testing.T) {
 	n := a.newNote("p")
 	n.def.Value, n.def.Revision = []byte(`{"name":"p"}`), 3
 	n.host.Value, n.host.Revision = []byte("\n3 4\nend\n"), 1234567890123
+	n.ring.Value, n.ring.Revision = []byte(`[{"s":"198.18.0.1","h":"h1"},{"s":"198.18.0.9","h":"h2"}]`), 5
+	n.withOwn(a)
+	var tokens []token
+	if err := decodeTokens(n.own, &tokens); err != nil || len(tokens) != 2 || tokens[0].Host != "h1" || tokens[1].Host != othersHost {
+		t.Fatalf("own ranges %s (%v): want h1's, then h2's under %q", n.own, err, othersHost)
+	}
 	b := n.encode()
 	got := a.newNote("p")
 	if err := decodeNote(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]store.KV{n.def, n.ring, n.host}, []store.KV{got.def, got.ring, got.host}); diff != "" {
+	if diff := cmp.Diff(n, got, cmp.AllowUnexported(poolNote{})); diff != "" {
 		t.Fatalf("round trip (-want +got):\n%s", diff)
 	}
 	for i := range len(b) {
@@ -415,5 +447,59 @@ func TestNotesWithTwoPoolsAndReservations(t *testing.T) {
 		for _, x := range bad {
 			t.Errorf("invariant in %s: %s", p, x)
 		}
+	}
+}
+
+// A host that fills its ranges while its note holds claims on the note:
+// the plan then reads the whole noted ring, not the note's ranges of
+// this host alone, and the ring it commits names real hosts only.
+func TestNotesClaimOnTheWholeRing(t *testing.T) {
+	ctx := context.Background()
+	st := &callLog{Store: memory.New()}
+	def := v4Def("p", "198.18.0.0/27")
+	a, err := New(st, "h1", WithNotes(&memNotes{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(st, "h2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := func(x *Allocator, id string) {
+		t.Helper()
+		if _, err := x.Allocate(ctx, Request{Owner: own(id), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+	}
+	alloc(a, "a0")
+	alloc(b, "b0") // takes the upper half of h1's space
+	claimsBefore, claimOnNote := a.Stats().Claims, false
+	for i := 1; a.Stats().Claims == claimsBefore; i++ {
+		if i > 40 {
+			t.Fatal("h1 never claimed space")
+		}
+		before := a.Stats()
+		alloc(a, fmt.Sprint("a", i))
+		after := a.Stats()
+		claimOnNote = after.OnNotes > before.OnNotes && after.NotesWrong == before.NotesWrong
+	}
+	if !claimOnNote {
+		t.Fatalf("stats %+v: the claim was not made on the note", a.Stats())
+	}
+	r, err := a.RingOf(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range r.Ranges {
+		if x.Host != "" && x.Host != "h1" && x.Host != "h2" {
+			t.Errorf("the ring names host %q: %+v", x.Host, r.Ranges)
+		}
+	}
+	bad, err := a.Check(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range bad {
+		t.Errorf("invariant: %s", x)
 	}
 }

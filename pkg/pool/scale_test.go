@@ -84,7 +84,7 @@ func (v verbBytes) total() int { return v.sent + v.received }
 // order (built by ring.assign and encoded as claims do), and each other
 // host's state with one address used. host0000's own state is left as
 // its allocations wrote it.
-func spreadRing(t *testing.T, st store.Store, def Def, n int) {
+func spreadRing(t testing.TB, st store.Store, def Def, n int) {
 	t.Helper()
 	ctx := context.Background()
 	def, err := def.Normalize()
@@ -197,5 +197,45 @@ func TestSteadyVerbsDoNotGrowWithHosts(t *testing.T) {
 		if v.small.trips > v.trips || v.large.trips > v.trips {
 			t.Errorf("a steady-state %s takes %d round trips at 10 hosts, %d at 1000; at most %d", v.verb, v.small.trips, v.large.trips, v.trips)
 		}
+	}
+}
+
+// BenchmarkSteadyAdd is a steady-state ADD on notes (as in
+// TestSteadyVerbsDoNotGrowWithHosts) on a memory store, by the number of
+// hosts sharing the pool: the CPU an ADD costs its host, which plans on
+// the note's ranges of this host and so does not grow with the others'.
+func BenchmarkSteadyAdd(b *testing.B) {
+	for _, n := range []int{10, 1000, 5000} {
+		b.Run(fmt.Sprintf("hosts=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			st := memory.New()
+			def := v4Def("p", "198.18.0.0/16")
+			a, err := New(st, "host0000", WithNotes(&memNotes{}))
+			if err != nil {
+				b.Fatal(err)
+			}
+			alloc := func(o Owner) {
+				if _, err := a.Allocate(ctx, Request{Owner: o, Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			alloc(own("first"))
+			spreadRing(b, st, def, n)
+			alloc(own("warm"))
+			wrong := a.Stats().NotesWrong
+			b.ResetTimer()
+			for i := range b.N {
+				o := own(fmt.Sprint("c", i))
+				alloc(o)
+				b.StopTimer()
+				if _, _, err := a.ReleaseWith(ctx, o, ReleaseHint{Pools: []string{"p"}}); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			if w := a.Stats().NotesWrong - wrong; w != 0 {
+				b.Fatalf("%d steady-state ADDs found their note wrong", w)
+			}
+		})
 	}
 }
