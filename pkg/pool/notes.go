@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"slices"
 	"strconv"
 
@@ -87,8 +88,11 @@ const noteMagic = "ringipam pool note 2\n"
 
 // encode writes the three keys and own (with the ring's revision), each
 // as a line "<revision> <length>" (or "-" when absent) followed by its
-// value's bytes and a newline, and "end" last: a note cut short anywhere
-// does not decode.
+// value's bytes and a newline, and "end" with the CRC-32C of all before
+// it last: a note cut short anywhere, or mixed with its predecessor by a
+// crash while it was written over it, does not decode. (Beliefs checked
+// by value, as they were before revisions, would catch a mixed value;
+// revisions do not, so the note checks itself.)
 func (n poolNote) encode() []byte {
 	b := []byte(noteMagic)
 	own := store.KV{Value: n.own}
@@ -107,15 +111,27 @@ func (n poolNote) encode() []byte {
 		b = append(b, kv.Value...)
 		b = append(b, '\n')
 	}
-	return append(b, "end\n"...)
+	b = append(b, "end "...)
+	b = strconv.AppendUint(b, uint64(crc32.Checksum(b, castagnoli)), 16)
+	return append(b, '\n')
 }
 
 var errBadNote = errors.New("not a pool note")
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // decodeNote reads what encode wrote into n, whose keys are set.
 func decodeNote(b []byte, n *poolNote) error {
 	rest, ok := bytes.CutPrefix(b, []byte(noteMagic))
 	if !ok {
+		return errBadNote
+	}
+	at := bytes.LastIndex(b, []byte("end "))
+	if at < 0 || !bytes.HasSuffix(b, []byte{'\n'}) {
+		return errBadNote
+	}
+	sum, err := strconv.ParseUint(string(b[at+len("end "):len(b)-1]), 16, 32)
+	if err != nil || uint32(sum) != crc32.Checksum(b[:at+len("end ")], castagnoli) {
 		return errBadNote
 	}
 	var own store.KV
@@ -142,7 +158,7 @@ func decodeNote(b []byte, n *poolNote) error {
 		}
 		kv.Value, kv.Revision, rest = bytes.Clone(after[:size]), rev, after[size+1:]
 	}
-	if string(rest) != "end\n" || own.Exists() != n.ring.Exists() || own.Revision != n.ring.Revision {
+	if len(rest) != len(b)-at || own.Exists() != n.ring.Exists() || own.Revision != n.ring.Revision {
 		return errBadNote
 	}
 	n.own = own.Value

@@ -1,6 +1,7 @@
 package pool
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -387,6 +388,24 @@ func TestNoteEncoding(t *testing.T) {
 	}
 	if decodeNote(append(b, 'x'), &got) == nil {
 		t.Fatal("a note with trailing bytes decodes")
+	}
+	// A note written over its predecessor of the same length and cut
+	// short by a crash: the new note's head, the old one's tail. Its
+	// frames all parse (the ring is as long in both), so only the sum
+	// tells.
+	m := n
+	m.ring.Value = []byte(`[{"s":"198.18.0.1","h":"h1"},{"s":"198.18.0.7","h":"h2"}]`)
+	m.own = nil
+	m.withOwn(a)
+	newer := m.encode()
+	if len(newer) != len(b) {
+		t.Fatalf("notes of %d and %d bytes: the case needs equal lengths", len(newer), len(b))
+	}
+	for i := 1; i < len(b); i++ {
+		mixed := append(bytes.Clone(newer[:i]), b[i:]...)
+		if !bytes.Equal(mixed, b) && !bytes.Equal(mixed, newer) && decodeNote(mixed, &got) == nil {
+			t.Fatalf("a note mixed with its predecessor at byte %d decodes: %q", i, mixed)
+		}
 	}
 }
 
