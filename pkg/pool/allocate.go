@@ -67,11 +67,12 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 		var err error
 		if attempt == 0 {
 			var done bool
-			if p, snap, done, err = a.speculate(ctx, req, defs); err != nil {
+			var rev int64
+			if p, snap, rev, done, err = a.speculate(ctx, req, defs); err != nil {
 				return err
 			}
 			if done {
-				a.noteAllocation(snap, p)
+				a.noteAllocation(snap, p, rev)
 				return nil
 			}
 		}
@@ -83,13 +84,14 @@ func (a *Allocator) Allocate(ctx context.Context, req Request) (Allocation, erro
 		if p, err = a.plan(ctx, snap, req, attempt == 0); err != nil {
 			return err
 		}
-		if err := a.commit(ctx, p); err != nil {
+		rev, err := a.commit(ctx, p)
+		if err != nil {
 			return err
 		}
 		if p.noop {
 			a.touch(ctx, snap.seenKV) // a replay commits nothing
 		}
-		a.noteAllocation(snap, p)
+		a.noteAllocation(snap, p, rev)
 		return nil
 	})
 	if err != nil {
@@ -183,10 +185,15 @@ type poolTxn struct {
 	ring        ring
 	ringKV      store.KV
 	ringChanged bool
-	host        hostState
-	hostKV      store.KV
-	taken       map[u128]bool
-	useHint     bool
+	// fullRing, when the ring is a note's: the ring's stored value, of
+	// which ring holds this host's ranges only (see ownRanges) until a
+	// plan needs the others' (unnote).
+	fullRing []byte
+	noted    bool
+	host     hostState
+	hostKV   store.KV
+	taken    map[u128]bool
+	useHint  bool
 }
 
 func (s *snapshot) pool(name string) *poolTxn {
@@ -249,7 +256,7 @@ func (a *Allocator) read(ctx context.Context, req Request, defs map[string]Def) 
 	return a.decodeSnapshot(ctx, req, defs, ks, pools, kvs)
 }
 
-// decodeSnapshot decodes kvs, read (or believed) at the keys ks and pools
+// decodeSnapshot decodes kvs, read (or noted) at the keys ks and pools
 // of readKeys, in their order.
 func (a *Allocator) decodeSnapshot(ctx context.Context, req Request, defs map[string]Def, ks keyset, pools []string, kvs []store.KV) (*snapshot, error) {
 	s := &snapshot{ownerKV: ks.kv(kvs, ownerKey(req.Owner))}
@@ -456,6 +463,9 @@ func (a *Allocator) pick(ctx context.Context, t *poolTxn, w Want, req Request, r
 	got, kv, err := a.pickDynamic(ctx, t)
 	var need errNeedSpace
 	if errors.As(err, &need) {
+		if err := a.unnote(t); err != nil {
+			return u128{}, store.KV{}, err
+		}
 		var given *store.Cond
 		if t.ring, given, err = a.planClaim(ctx, t.name, t.def, t.ring); err != nil {
 			return u128{}, store.KV{}, err
@@ -480,16 +490,18 @@ func (a *Allocator) pick(ctx context.Context, t *poolTxn, w Want, req Request, r
 	return got, kv, nil
 }
 
-// commit writes p, unless it changes nothing.
-func (a *Allocator) commit(ctx context.Context, p plan) error {
+// commit writes p, unless it changes nothing, and returns the commit's
+// revision when notes are kept (see commitNoted).
+func (a *Allocator) commit(ctx context.Context, p plan) (int64, error) {
 	if p.noop {
-		return nil
+		return 0, nil
 	}
-	if err := a.st.Commit(ctx, p.conds, p.ops); err != nil {
-		return err
+	rev, err := a.commitNoted(ctx, p.conds, p.ops)
+	if err != nil {
+		return 0, err
 	}
 	a.stats.commits.Add(1)
-	return nil
+	return rev, nil
 }
 
 // errNeedSpace says a pool has no free address in this host's ranges, so
@@ -557,7 +569,13 @@ func (a *Allocator) pickStatic(ctx context.Context, t *poolTxn, addr netip.Addr,
 	}
 	// The address key's condition (absent, or the hold as read), added by
 	// the caller, is all it takes to move one address safely.
-	if tok := t.ring.ownerOf(v); tok.Host != a.host || tok.Tomb && !a.broken.ignoreTombs {
+	foreign := func() bool { tok := t.ring.ownerOf(v); return tok.Host != a.host || tok.Tomb && !a.broken.ignoreTombs }
+	if t.noted && foreign() {
+		if err := a.unnote(t); err != nil {
+			return u128{}, store.KV{}, err
+		}
+	}
+	if foreign() {
 		t.ring = t.ring.assign(v, v, a.host)
 		t.ringChanged = true
 	}

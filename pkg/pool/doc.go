@@ -58,9 +58,13 @@
 // An allocation reads, then commits: two round trips. With WithNotes, on a
 // store that can speculate (store.Speculator: etcd), a host keeps a note
 // per pool of what its last allocation or release there left (the
-// definition, the ring, its host state) and the next allocation plans on
-// the note and commits in one round trip, conditioned on the note's values
-// (notes.go). A note that no longer holds costs nothing more than the read
-// it replaced: the failed commit answers the store's state, and the
+// definition, the ring, its host state, each with its revision) and the
+// next allocation plans on the note and commits in one round trip,
+// conditioned on the noted revisions and on its host state's bytes
+// (notes.go). What it sends does not grow with the ring, nor with the
+// number of hosts, and it plans on the note's copy of this host's ranges
+// alone unless it claims space or moves an address (then on the noted
+// ring). A note that no longer holds costs nothing more than the read it
+// replaced: the failed commit answers the store's state, and the
 // allocation goes on from it. Notes change round trips, never decisions.
 package pool

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"hash/crc32"
+	"slices"
 	"strconv"
 
 	"github.com/ringipam/ringipam/pkg/store"
@@ -14,10 +17,31 @@ import (
 // state itself last time, and the definition and the ring seldom change,
 // so a note of what the last allocation or release here wrote lets the
 // next allocation plan without reading and commit in one round trip,
-// conditioned on the note's values being still the store's
+// conditioned on the noted keys being still at the noted revisions
 // (store.Speculator). When they are not, the same round trip answers the
 // store's state and the allocation goes on as if it had read it: two round
 // trips, as without notes.
+//
+// The note keeps the values (the ring, to plan on), but the commit
+// carries only their revisions: eight bytes each, where the ring grows
+// with the number of hosts. A revision names a value only within the
+// history it was read from; this host's own state, small, is also
+// compared by value, and that anchors the rest: it holds the bytes this
+// host wrote at the noted revision, which no other noted revision exceeds
+// (anchored). A store that holds those bytes at that revision has the
+// noted history up to there: one restored from an older backup holds this
+// host's older state (or the same write, and all before it), one written
+// afresh holds other bytes or another revision, short of another write of
+// the very same bytes (the last-seen second included) at the very same
+// revision. So keys at their noted revisions hold their noted values.
+//
+// Nor does an allocation decode the whole noted ring, which cost every
+// ADD about a millisecond of CPU per 1 000 hosts: the note also keeps
+// this host's ranges alone, the others' space merged into ranges of no
+// real host (ownRanges), which is all a dynamic allocation plans on. A
+// plan that needs the others' ranges (a claim, a static address in
+// another host's range) decodes the whole ring then (unnote), as a plan
+// on a read does.
 
 // NoteKeeper keeps one note per name for this host's processes (ipam-ring:
 // a file beside the pool's host lock). The allocator reads and writes a
@@ -35,15 +59,20 @@ type NoteKeeper interface {
 // notes of their pools and commit in one round trip when the notes hold.
 func WithNotes(k NoteKeeper) Option { return func(a *Allocator) { a.notes = k } }
 
-// believed is the revision given to a key known from a note: conditions on
-// it are checked by value.
-const believed = -1
-
 // poolNote is what this host last knew of one pool: its definition, its
-// ring and this host's state (absent keys with Revision 0, present ones
-// with Revision believed).
+// ring and this host's state, each with the revision it had in the store
+// (0: absent), and own, the ring's value cut to this host's ranges
+// (ownRanges; nil with the ring absent, or until withOwn).
 type poolNote struct {
 	def, ring, host store.KV
+	own             []byte
+}
+
+// withOwn sets n.own from n.ring, unless it is set.
+func (n *poolNote) withOwn(a *Allocator) {
+	if n.own == nil && n.ring.Exists() {
+		n.own = a.ownRanges(n.ring.Value)
+	}
 }
 
 func (a *Allocator) noteName(pool string) string { return pool + "@" + a.host }
@@ -52,28 +81,44 @@ func (a *Allocator) newNote(pool string) poolNote {
 	return poolNote{def: store.KV{Key: defKey(pool)}, ring: store.KV{Key: ringKey(pool)}, host: store.KV{Key: hostKey(pool, a.host)}}
 }
 
-// noteMagic starts every note: the format's name and version.
-const noteMagic = "ringipam pool note 1\n"
+// noteMagic starts every note: the format's name and version (1 was
+// values without revisions; such a note does not decode, which costs one
+// round trip).
+const noteMagic = "ringipam pool note 2\n"
 
-// encode writes the three values, each as its length (or "-" when absent)
-// on a line, then its bytes and a newline, and "end" last: a note cut
-// short anywhere does not decode.
+// encode writes the three keys and own (with the ring's revision), each
+// as a line "<revision> <length>" (or "-" when absent) followed by its
+// value's bytes and a newline, and "end" with the CRC-32C of all before
+// it last: a note cut short anywhere, or mixed with its predecessor by a
+// crash while it was written over it, does not decode. (Beliefs checked
+// by value, as they were before revisions, would catch a mixed value;
+// revisions do not, so the note checks itself.)
 func (n poolNote) encode() []byte {
 	b := []byte(noteMagic)
-	for _, kv := range []store.KV{n.def, n.ring, n.host} {
+	own := store.KV{Value: n.own}
+	if n.own != nil {
+		own.Revision = n.ring.Revision
+	}
+	for _, kv := range []store.KV{n.def, n.ring, n.host, own} {
 		if !kv.Exists() {
 			b = append(b, "-\n"...)
 			continue
 		}
+		b = strconv.AppendInt(b, kv.Revision, 10)
+		b = append(b, ' ')
 		b = strconv.AppendInt(b, int64(len(kv.Value)), 10)
 		b = append(b, '\n')
 		b = append(b, kv.Value...)
 		b = append(b, '\n')
 	}
-	return append(b, "end\n"...)
+	b = append(b, "end "...)
+	b = strconv.AppendUint(b, uint64(crc32.Checksum(b, castagnoli)), 16)
+	return append(b, '\n')
 }
 
 var errBadNote = errors.New("not a pool note")
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // decodeNote reads what encode wrote into n, whose keys are set.
 func decodeNote(b []byte, n *poolNote) error {
@@ -81,7 +126,16 @@ func decodeNote(b []byte, n *poolNote) error {
 	if !ok {
 		return errBadNote
 	}
-	for _, kv := range []*store.KV{&n.def, &n.ring, &n.host} {
+	at := bytes.LastIndex(b, []byte("end "))
+	if at < 0 || !bytes.HasSuffix(b, []byte{'\n'}) {
+		return errBadNote
+	}
+	sum, err := strconv.ParseUint(string(b[at+len("end "):len(b)-1]), 16, 32)
+	if err != nil || uint32(sum) != crc32.Checksum(b[:at+len("end ")], castagnoli) {
+		return errBadNote
+	}
+	var own store.KV
+	for _, kv := range []*store.KV{&n.def, &n.ring, &n.host, &own} {
 		line, after, ok := bytes.Cut(rest, []byte{'\n'})
 		if !ok {
 			return errBadNote
@@ -90,33 +144,50 @@ func decodeNote(b []byte, n *poolNote) error {
 			kv.Value, kv.Revision, rest = nil, 0, after
 			continue
 		}
-		size, err := strconv.Atoi(string(line))
+		revText, sizeText, ok := bytes.Cut(line, []byte{' '})
+		if !ok {
+			return errBadNote
+		}
+		rev, err := strconv.ParseInt(string(revText), 10, 64)
+		if err != nil || rev <= 0 {
+			return errBadNote
+		}
+		size, err := strconv.Atoi(string(sizeText))
 		if err != nil || size < 0 || size >= len(after) || after[size] != '\n' {
 			return errBadNote
 		}
-		kv.Value, kv.Revision, rest = bytes.Clone(after[:size]), believed, after[size+1:]
+		kv.Value, kv.Revision, rest = bytes.Clone(after[:size]), rev, after[size+1:]
 	}
-	if string(rest) != "end\n" {
+	if len(rest) != len(b)-at || own.Exists() != n.ring.Exists() || own.Revision != n.ring.Revision {
 		return errBadNote
 	}
+	n.own = own.Value
 	return nil
 }
 
-// readNote returns this host's note of pool, if there is a usable one.
+// readNote returns this host's note of pool, if there is a usable one:
+// the definition and this host's state present (the state anchors the
+// revisions, see above).
 func (a *Allocator) readNote(pool string) (poolNote, bool) {
 	n := a.newNote(pool)
 	if a.notes == nil {
 		return n, false
 	}
 	b := a.notes.ReadNote(a.noteName(pool))
-	if b == nil || decodeNote(b, &n) != nil || !n.def.Exists() {
+	if b == nil || decodeNote(b, &n) != nil || !n.anchored() {
 		return n, false
 	}
 	return n, true
 }
 
-// apply updates n by what ops write.
-func (n *poolNote) apply(ops []store.Op) {
+// anchored reports whether n can be believed: the definition and this
+// host's state present, and no revision noted later than the state's.
+func (n poolNote) anchored() bool {
+	return n.def.Exists() && n.host.Exists() && n.def.Revision <= n.host.Revision && n.ring.Revision <= n.host.Revision
+}
+
+// apply updates n by what ops, committed at revision rev, wrote.
+func (n *poolNote) apply(ops []store.Op, rev int64) {
 	for _, o := range ops {
 		for _, kv := range []*store.KV{&n.def, &n.ring, &n.host} {
 			switch {
@@ -124,8 +195,11 @@ func (n *poolNote) apply(ops []store.Op) {
 			case o.Delete:
 				kv.Value, kv.Revision = nil, 0
 			default:
-				kv.Value, kv.Revision = o.Value, believed
+				kv.Value, kv.Revision = o.Value, rev
 			}
+		}
+		if o.Key == n.ring.Key {
+			n.own = nil
 		}
 	}
 }
@@ -139,31 +213,96 @@ func (a *Allocator) speculating() (store.Speculator, bool) {
 	return sp, ok
 }
 
-// noteAllocation records, for each pool of s, what the committed plan p
-// left in the store.
-func (a *Allocator) noteAllocation(s *snapshot, p plan) {
-	if _, ok := a.speculating(); !ok {
+// ownRanges returns the tokens of the stored ring value v (absent: nil)
+// with every range that is not this host's merged into ranges of no
+// host: the ring a note keeps (see above). A value that does not decode
+// is kept as it is, to fail where the ring is decoded.
+func (a *Allocator) ownRanges(v []byte) []byte {
+	var tokens []token
+	if v == nil || decodeTokens(v, &tokens) != nil {
+		return v
+	}
+	out := tokens[:0]
+	for _, t := range tokens {
+		if t.Host != a.host {
+			if len(out) > 0 && out[len(out)-1].Host == othersHost {
+				continue
+			}
+			t = token{Start: t.Start, Host: othersHost}
+		}
+		out = append(out, t)
+	}
+	return encodeTokens(out)
+}
+
+// othersHost owns, in a note's own ranges, those that are not this
+// host's (no host is named so: names are validated). A plan that would
+// look at them decodes the whole ring first (unnote).
+const othersHost = "\x00others"
+
+// unnote replaces t's ring of this host's ranges, from a note, by the
+// whole ring the note holds, for a plan that needs the others' ranges.
+func (a *Allocator) unnote(t *poolTxn) error {
+	if !t.noted {
+		return nil
+	}
+	var tokens []token
+	if t.fullRing != nil {
+		if err := decodeTokens(t.fullRing, &tokens); err != nil {
+			return fmt.Errorf("pool %s: noted ring is corrupt: %w", t.name, err)
+		}
+	}
+	t.ring = ringFrom(t.def, tokens)
+	t.ringKV.Value, t.noted = t.fullRing, false
+	return nil
+}
+
+// commitNoted commits conds and ops and returns the commit's revision,
+// which notes record: through the store.Speculator when this allocator
+// keeps notes (one round trip, as Commit), else 0.
+func (a *Allocator) commitNoted(ctx context.Context, conds []store.Cond, ops []store.Op) (int64, error) {
+	sp, ok := a.speculating()
+	if !ok {
+		return 0, a.st.Commit(ctx, conds, ops)
+	}
+	rev, _, err := sp.CommitOrGet(ctx, conds, nil, ops, nil)
+	return rev, err
+}
+
+// noteAllocation records, for each pool of s, what the plan p, committed
+// at revision rev, left in the store. A commit whose revision is unknown
+// (0) leaves the notes as they were: stale, which costs a round trip.
+func (a *Allocator) noteAllocation(s *snapshot, p plan, rev int64) {
+	if _, ok := a.speculating(); !ok || rev <= 0 && len(p.ops) > 0 {
 		return
 	}
 	for _, t := range s.pools {
 		n := poolNote{def: t.defKV, ring: t.ringKV, host: t.hostKV}
-		n.apply(p.ops)
-		if n.def.Exists() {
+		if t.noted {
+			n.ring.Value, n.own = t.fullRing, t.ringKV.Value
+		}
+		n.apply(p.ops, rev)
+		n.withOwn(a)
+		// A replay (no commit) after another host changed the ring
+		// notes the ring later than this host's state: not anchored,
+		// the old note stays.
+		if n.anchored() {
 			a.notes.WriteNote(a.noteName(t.name), n.encode())
 		}
 	}
 }
 
-// noteRelease updates this host's notes of pools by a committed release's
-// ops (a pool without a note keeps none: the release did not read its
-// definition and ring).
-func (a *Allocator) noteRelease(pools []string, ops []store.Op) {
-	if _, ok := a.speculating(); !ok {
+// noteRelease updates this host's notes of pools by a release's ops,
+// committed at revision rev (a pool without a note keeps none: the
+// release did not read its definition and ring).
+func (a *Allocator) noteRelease(pools []string, ops []store.Op, rev int64) {
+	if _, ok := a.speculating(); !ok || rev <= 0 {
 		return
 	}
 	for _, pool := range pools {
 		if n, ok := a.readNote(pool); ok {
-			n.apply(ops)
+			n.apply(ops, rev)
+			n.withOwn(a)
 			a.notes.WriteNote(a.noteName(pool), n.encode())
 		}
 	}
@@ -171,15 +310,17 @@ func (a *Allocator) noteRelease(pools []string, ops []store.Op) {
 
 // speculate tries an allocation in one round trip, planned on this host's
 // notes of the wanted pools with the owner (and its reservation) believed
-// absent. done says it committed p, and s is the state p was planned on
-// (noteAllocation's). Otherwise s, unless nil, is the state the store
-// answered when the notes no longer held, decoded as a read would be: the
-// caller plans on it instead of reading. A nil s means nothing was tried,
-// or what was answered is stale (the store was just migrated).
-func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]Def) (p plan, s *snapshot, done bool, err error) {
+// absent, conditioned on the noted revisions and on this host's noted
+// states by value. done says it committed p, at revision rev, and s is
+// the state p was planned on (noteAllocation's). Otherwise s, unless nil,
+// is the state the store answered when the notes no longer held, decoded
+// as a read would be: the caller plans on it instead of reading. A nil s
+// means nothing was tried, or what was answered is stale (the store was
+// just migrated).
+func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]Def) (p plan, s *snapshot, rev int64, done bool, err error) {
 	sp, ok := a.speculating()
 	if !ok {
-		return plan{}, nil, false, nil
+		return plan{}, nil, 0, false, nil
 	}
 	ks, pools := a.readKeys(req)
 	kvs := make([]store.KV, len(ks.keys))
@@ -187,29 +328,38 @@ func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]
 		kvs[i].Key = k
 	}
 	same := []store.KV{{Key: layoutKey, Value: []byte(layoutVersion)}}
+	var conds []store.Cond
+	full := map[string][]byte{}
 	for _, pool := range pools {
 		n, ok := a.readNote(pool)
 		if !ok {
-			return plan{}, nil, false, nil
+			return plan{}, nil, 0, false, nil
 		}
-		for _, kv := range []store.KV{n.def, n.ring, n.host} {
+		own := n.ring
+		own.Value = n.own
+		for _, kv := range []store.KV{n.def, own, n.host} {
 			kvs[ks.at[kv.Key]] = kv
 		}
-		same = append(same, n.def)
+		full[pool] = n.ring.Value
+		// The definition is not a condition of the plan (it never
+		// changes once recorded); the note's must be the store's. The
+		// host state is, by revision; its value anchors the revisions.
+		conds = append(conds, store.Unchanged(n.def), store.Unchanged(n.host))
+		same = append(same, n.host)
 	}
 	// A note that does not decode or plan is only a wrong belief: the
 	// ordinary path reads and decides, and reports what is really wrong.
 	if s, err = a.decodeSnapshot(ctx, req, defs, ks, pools, kvs); err != nil || len(s.newDefs) > 0 {
-		return plan{}, nil, false, nil
+		return plan{}, nil, 0, false, nil
+	}
+	for _, t := range s.pools {
+		t.noted, t.fullRing = true, full[t.name]
 	}
 	if p, err = a.plan(ctx, s, req, true); err != nil || p.noop {
-		return plan{}, nil, false, nil
+		return plan{}, nil, 0, false, nil
 	}
-	var conds []store.Cond
 	for _, c := range p.conds {
-		if c.Revision == believed {
-			same = append(same, kvs[ks.at[c.Key]])
-		} else {
+		if !slices.Contains(conds, c) {
 			conds = append(conds, c)
 		}
 	}
@@ -217,25 +367,25 @@ func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]
 	if !a.layoutOK.Load() {
 		read = append(read[:len(read):len(read)], layoutKey)
 	}
-	answered, err := sp.CommitOrGet(ctx, conds, same, p.ops, read)
+	rev, answered, err := sp.CommitOrGet(ctx, conds, same, p.ops, read)
 	switch {
 	case err == nil:
 		a.stats.commits.Add(1)
 		a.stats.onNotes.Add(1)
-		return p, s, true, nil
+		return p, s, rev, true, nil
 	case errors.Is(err, store.ErrTooLarge):
-		return plan{}, nil, false, nil // the ordinary commit is smaller
+		return plan{}, nil, 0, false, nil // the ordinary commit is smaller
 	case !errors.Is(err, store.ErrConflict) || len(answered) != len(read):
-		return plan{}, nil, false, err
+		return plan{}, nil, 0, false, err
 	}
 	a.stats.notesWrong.Add(1)
 	if len(read) > len(ks.keys) {
 		migrated, err := a.layoutRead(ctx, answered[len(read)-1])
 		if err != nil || migrated {
-			return plan{}, nil, false, err
+			return plan{}, nil, 0, false, err
 		}
 		answered = answered[:len(ks.keys)]
 	}
 	s, err = a.decodeSnapshot(ctx, req, defs, ks, pools, answered)
-	return plan{}, s, false, err
+	return plan{}, s, 0, false, err
 }

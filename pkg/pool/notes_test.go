@@ -1,7 +1,9 @@
 package pool
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
@@ -73,8 +75,13 @@ func (c *callLog) Commit(ctx context.Context, conds []store.Cond, ops []store.Op
 	return c.Store.Commit(ctx, conds, ops)
 }
 
-func (c *callLog) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
-	c.count("commit-or-get")
+// CommitOrGet with nothing to read is a commit that tells its revision.
+func (c *callLog) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (int64, []store.KV, error) {
+	if len(read) == 0 {
+		c.count("commit")
+	} else {
+		c.count("commit-or-get")
+	}
 	return c.Store.CommitOrGet(ctx, conds, same, ops, read)
 }
 
@@ -186,6 +193,22 @@ func TestWrongNotesAreOnlyARoundTrip(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, []string{"commit-or-get", "commit"}},
+		{"a note of another history at the same revisions", func(t *testing.T, _ *callLog, notes *memNotes) {
+			// As after a restore from a backup: the store's revisions are
+			// the note's, the bytes this host wrote there are not.
+			n := poolNote{def: store.KV{Key: defKey("p")}, ring: store.KV{Key: ringKey("p")}, host: store.KV{Key: hostKey("p", "h1")}}
+			if err := decodeNote(notes.ReadNote("p@h1"), &n); err != nil {
+				t.Fatal(err)
+			}
+			var hs hostState
+			if err := decodeHostState(n.host.Value, &hs); err != nil {
+				t.Fatal(err)
+			}
+			hs.Used += 7
+			hs.Cursor = mustAddr("198.18.0.9")
+			n.host.Value = encodeHostState(hs)
+			notes.WriteNote("p@h1", n.encode())
+		}, []string{"commit-or-get", "commit"}},
 		{"a torn note", func(t *testing.T, _ *callLog, notes *memNotes) {
 			n := notes.ReadNote("p@h1")
 			notes.WriteNote("p@h1", n[:len(n)-3])
@@ -246,7 +269,10 @@ func TestNotesDecideAsReads(t *testing.T) {
 	ctx := context.Background()
 	clock := func() time.Time { return time.Date(2026, 11, 24, 12, 0, 0, 0, time.UTC) }
 	def := v4Def("p", "198.18.0.0/25")
-	run := func(withNotes bool) ([]store.KV, StatsSnapshot) {
+	var refused int
+	run := func(withNotes bool) ([]store.KV, []string, StatsSnapshot) {
+		var outcomes []string
+		refused = 0
 		st := memory.New()
 		var hosts []*Allocator
 		for _, h := range []string{"h1", "h2"} {
@@ -278,13 +304,31 @@ func TestNotesDecideAsReads(t *testing.T) {
 				continue
 			}
 			o := own(fmt.Sprintf("s%d", step))
-			if len(live[h]) > 0 && rng.IntN(5) == 0 {
+			repeated := len(live[h]) > 0 && rng.IntN(5) == 0
+			if repeated {
 				o = live[h][rng.IntN(len(live[h]))] // a repeated ADD
-			} else {
-				live[h] = append(live[h], o)
 			}
-			if _, err := a.Allocate(ctx, Request{Owner: o, Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+			wants := ipWant("p")
+			if rng.IntN(6) == 0 {
+				// A static address, often in the other host's ranges:
+				// the plan then needs the whole ring, not the note's
+				// ranges of this host.
+				wants[0].Addr = netip.AddrFrom4([4]byte{198, 18, 0, byte(1 + rng.IntN(126))})
+			}
+			got, err := a.Allocate(ctx, Request{Owner: o, Wants: wants, Defs: []Def{def}})
+			var inUse *InUseError
+			var exists *ExistsError
+			switch {
+			case errors.As(err, &inUse) || errors.As(err, &exists):
+				outcomes = append(outcomes, err.Error())
+				refused++
+			case err != nil:
 				t.Fatalf("step %d: %v", step, err)
+			default:
+				outcomes = append(outcomes, fmt.Sprint(got.Addrs))
+				if !repeated {
+					live[h] = append(live[h], o)
+				}
 			}
 		}
 		all, err := st.Scan(ctx, "", "\xff", 0)
@@ -298,17 +342,21 @@ func TestNotesDecideAsReads(t *testing.T) {
 		s2 := hosts[1].Stats()
 		s.OnNotes += s2.OnNotes
 		s.NotesWrong += s2.NotesWrong
-		return all, s
+		return all, outcomes, s
 	}
-	plain, _ := run(false)
-	noted, stats := run(true)
+	plain, plainOut, _ := run(false)
+	noted, notedOut, stats := run(true)
+	if diff := cmp.Diff(plainOut, notedOut); diff != "" {
+		t.Fatalf("allocations with notes differ from those without (-without +with):\n%s", diff)
+	}
 	if diff := cmp.Diff(plain, noted); diff != "" {
 		t.Fatalf("the store with notes differs from the store without (-without +with):\n%s", diff)
 	}
+
 	if stats.OnNotes < 50 || stats.NotesWrong < 10 {
 		t.Fatalf("stats %+v: the sequence did not exercise notes both held and wrong", stats)
 	}
-	t.Logf("%d allocations on notes, %d on wrong notes", stats.OnNotes, stats.NotesWrong)
+	t.Logf("%d allocations on notes, %d on wrong notes, %d static requests refused", stats.OnNotes, stats.NotesWrong, refused)
 }
 
 func TestNoteEncoding(t *testing.T) {
@@ -317,14 +365,20 @@ func TestNoteEncoding(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := a.newNote("p")
-	n.def.Value, n.def.Revision = []byte(`{"name":"p"}`), believed
-	n.host.Value, n.host.Revision = []byte("\n3\nend\n"), believed
+	n.def.Value, n.def.Revision = []byte(`{"name":"p"}`), 3
+	n.host.Value, n.host.Revision = []byte("\n3 4\nend\n"), 1234567890123
+	n.ring.Value, n.ring.Revision = []byte(`[{"s":"198.18.0.1","h":"h1"},{"s":"198.18.0.9","h":"h2"}]`), 5
+	n.withOwn(a)
+	var tokens []token
+	if err := decodeTokens(n.own, &tokens); err != nil || len(tokens) != 2 || tokens[0].Host != "h1" || tokens[1].Host != othersHost {
+		t.Fatalf("own ranges %s (%v): want h1's, then h2's under %q", n.own, err, othersHost)
+	}
 	b := n.encode()
 	got := a.newNote("p")
 	if err := decodeNote(b, &got); err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff([]store.KV{n.def, n.ring, n.host}, []store.KV{got.def, got.ring, got.host}); diff != "" {
+	if diff := cmp.Diff(n, got, cmp.AllowUnexported(poolNote{})); diff != "" {
 		t.Fatalf("round trip (-want +got):\n%s", diff)
 	}
 	for i := range len(b) {
@@ -334,6 +388,24 @@ func TestNoteEncoding(t *testing.T) {
 	}
 	if decodeNote(append(b, 'x'), &got) == nil {
 		t.Fatal("a note with trailing bytes decodes")
+	}
+	// A note written over its predecessor of the same length and cut
+	// short by a crash: the new note's head, the old one's tail. Its
+	// frames all parse (the ring is as long in both), so only the sum
+	// tells.
+	m := n
+	m.ring.Value = []byte(`[{"s":"198.18.0.1","h":"h1"},{"s":"198.18.0.7","h":"h2"}]`)
+	m.own = nil
+	m.withOwn(a)
+	newer := m.encode()
+	if len(newer) != len(b) {
+		t.Fatalf("notes of %d and %d bytes: the case needs equal lengths", len(newer), len(b))
+	}
+	for i := 1; i < len(b); i++ {
+		mixed := append(bytes.Clone(newer[:i]), b[i:]...)
+		if !bytes.Equal(mixed, b) && !bytes.Equal(mixed, newer) && decodeNote(mixed, &got) == nil {
+			t.Fatalf("a note mixed with its predecessor at byte %d decodes: %q", i, mixed)
+		}
 	}
 }
 
@@ -394,5 +466,59 @@ func TestNotesWithTwoPoolsAndReservations(t *testing.T) {
 		for _, x := range bad {
 			t.Errorf("invariant in %s: %s", p, x)
 		}
+	}
+}
+
+// A host that fills its ranges while its note holds claims on the note:
+// the plan then reads the whole noted ring, not the note's ranges of
+// this host alone, and the ring it commits names real hosts only.
+func TestNotesClaimOnTheWholeRing(t *testing.T) {
+	ctx := context.Background()
+	st := &callLog{Store: memory.New()}
+	def := v4Def("p", "198.18.0.0/27")
+	a, err := New(st, "h1", WithNotes(&memNotes{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(st, "h2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := func(x *Allocator, id string) {
+		t.Helper()
+		if _, err := x.Allocate(ctx, Request{Owner: own(id), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+			t.Fatalf("%s: %v", id, err)
+		}
+	}
+	alloc(a, "a0")
+	alloc(b, "b0") // takes the upper half of h1's space
+	claimsBefore, claimOnNote := a.Stats().Claims, false
+	for i := 1; a.Stats().Claims == claimsBefore; i++ {
+		if i > 40 {
+			t.Fatal("h1 never claimed space")
+		}
+		before := a.Stats()
+		alloc(a, fmt.Sprint("a", i))
+		after := a.Stats()
+		claimOnNote = after.OnNotes > before.OnNotes && after.NotesWrong == before.NotesWrong
+	}
+	if !claimOnNote {
+		t.Fatalf("stats %+v: the claim was not made on the note", a.Stats())
+	}
+	r, err := a.RingOf(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range r.Ranges {
+		if x.Host != "" && x.Host != "h1" && x.Host != "h2" {
+			t.Errorf("the ring names host %q: %+v", x.Host, r.Ranges)
+		}
+	}
+	bad, err := a.Check(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range bad {
+		t.Errorf("invariant: %s", x)
 	}
 }

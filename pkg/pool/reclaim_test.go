@@ -108,7 +108,7 @@ func runOrphanedHostIsReclaimed(t *testing.T, st store.Store) {
 	// B's stale view cannot commit.
 	p, err := b.plan(ctx, stale, staleReq, true)
 	if err == nil {
-		err = b.commit(ctx, p)
+		_, err = b.commit(ctx, p)
 	}
 	if !errors.Is(err, store.ErrConflict) {
 		t.Fatalf("allocation from the stale view: %v, want a conflict", err)

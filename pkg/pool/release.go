@@ -187,11 +187,17 @@ func (a *Allocator) releaseRecords(ctx context.Context, owners []ownerRead, know
 	if err != nil {
 		return nil, err
 	}
-	if err := a.st.Commit(ctx, conds, ops); err != nil {
+	var rev int64
+	if len(ownPools) > 0 {
+		rev, err = a.commitNoted(ctx, conds, ops)
+	} else {
+		err = a.st.Commit(ctx, conds, ops)
+	}
+	if err != nil {
 		return nil, err
 	}
 	a.stats.commits.Add(1)
-	a.noteRelease(ownPools, ops)
+	a.noteRelease(ownPools, ops, rev)
 	out := make([]Allocation, len(owners))
 	for i, o := range owners {
 		out[i] = o.rec

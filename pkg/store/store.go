@@ -29,7 +29,6 @@
 package store
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -168,22 +167,30 @@ func CheckCommit(conds []Cond, ops []Op) error {
 }
 
 // Speculator is implemented by backends for which a round trip is dear
-// (etcd). A caller that believes it knows some keys' values (from a note
+// (etcd). A caller that believes it knows some keys' state (from a note
 // kept by an earlier call) commits on that belief in one round trip, and
 // when the belief is wrong gets those keys' current state back from the
 // same round trip instead of reading them in another.
 //
-// Beliefs are checked by value, not by revision: a note may outlive the
-// history its revisions came from (a store restored from a backup, or
-// another cluster under the same pool names), while equal bytes are equal
-// whatever the history.
+// Beliefs are conditions: revisions (conds, as Commit's) and values
+// (same). A revision is eight bytes whatever the value's size, so a
+// belief about a large value is best a revision; but a revision names a
+// value only within one history: a note may outlive the history its
+// revisions came from (a store restored from a backup, or another cluster
+// under the same pool names), while equal bytes are equal whatever the
+// history. pkg/pool conditions its small host state by value as well as
+// by revision, which anchors the note's revisions to the history that
+// wrote that state.
 type Speculator interface {
 	// CommitOrGet applies ops atomically if every cond holds and every key
 	// of same exists and holds exactly its Value (their Revision is not
-	// looked at). Otherwise it writes nothing and returns the keys of read
-	// as Get would return them (one consistent revision, in the order
-	// asked) with an error wrapping ErrConflict. On success the KVs are nil.
-	CommitOrGet(ctx context.Context, conds []Cond, same []KV, ops []Op, read []string) ([]KV, error)
+	// looked at), and returns the commit's revision: the Revision every
+	// key it wrote now carries. Otherwise it writes nothing and returns
+	// the keys of read as Get would return them (one consistent revision,
+	// in the order asked) with an error wrapping ErrConflict. On success
+	// the KVs are nil; with read empty it is a Commit that also tells the
+	// revision it wrote at.
+	CommitOrGet(ctx context.Context, conds []Cond, same []KV, ops []Op, read []string) (int64, []KV, error)
 }
 
 // CheckSpeculation validates the shape of a CommitOrGet: that of a commit
@@ -203,39 +210,4 @@ func CheckSpeculation(conds []Cond, same []KV, ops []Op, read []string) error {
 		}
 	}
 	return CheckCommit(conds, ops)
-}
-
-// CommitOrGetByReading does what Speculator.CommitOrGet does, on a store
-// that cannot speculate: it reads the keys of same and of read at one
-// revision, and commits conditioned on those revisions when the beliefs
-// hold. Two round trips; three when the commit meets a change (the keys of
-// read are then read again for the answer).
-func CommitOrGetByReading(ctx context.Context, st Store, conds []Cond, same []KV, ops []Op, read []string) ([]KV, error) {
-	if err := CheckSpeculation(conds, same, ops, read); err != nil {
-		return nil, err
-	}
-	keys := make([]string, 0, len(same)+len(read))
-	for _, kv := range same {
-		keys = append(keys, kv.Key)
-	}
-	got, err := st.Get(ctx, append(keys, read...)...)
-	if err != nil {
-		return nil, err
-	}
-	all := append([]Cond(nil), conds...)
-	for i, kv := range same {
-		if !got[i].Exists() || !bytes.Equal(got[i].Value, kv.Value) {
-			return got[len(same):], fmt.Errorf("%w: key %q does not hold the value believed", ErrConflict, kv.Key)
-		}
-		all = append(all, Unchanged(got[i]))
-	}
-	err = st.Commit(ctx, all, ops)
-	if !errors.Is(err, ErrConflict) {
-		return nil, err
-	}
-	fresh, gerr := st.Get(ctx, read...)
-	if gerr != nil {
-		return nil, gerr
-	}
-	return fresh, err
 }

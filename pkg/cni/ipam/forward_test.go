@@ -251,10 +251,12 @@ type speculationCounter struct {
 	speculated atomic.Int32
 }
 
-func (s *speculationCounter) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
-	kvs, err := s.Store.CommitOrGet(ctx, conds, same, ops, read)
-	if err == nil {
+// A CommitOrGet with nothing to read is an ordinary commit (that tells
+// its revision), not one on notes.
+func (s *speculationCounter) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (int64, []store.KV, error) {
+	rev, kvs, err := s.Store.CommitOrGet(ctx, conds, same, ops, read)
+	if err == nil && len(read) > 0 {
 		s.speculated.Add(1)
 	}
-	return kvs, err
+	return rev, kvs, err
 }

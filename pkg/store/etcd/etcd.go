@@ -13,8 +13,9 @@
 //     range [k, end) for a range condition (etcd compares each key of the
 //     range; an empty range passes). A failed condition writes
 //     nothing and returns an error wrapping store.ErrConflict. CommitOrGet
-//     (store.Speculator) adds Value(k) = v conditions and reads the keys
-//     asked in the transaction's failure branch.
+//     (store.Speculator) adds Value(k) = v conditions, reads the keys
+//     asked in the transaction's failure branch, and on success returns
+//     the response header's revision (the written keys' ModRevision).
 //   - Revisions are etcd's ModRevision: they only grow, and all keys of one
 //     commit share one.
 //   - Timeouts: New does not block on the network (the client dials lazily),
@@ -299,10 +300,12 @@ func (s *Store) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) 
 }
 
 // CommitOrGet implements store.Speculator: one transaction whose failure
-// branch reads the keys of read.
-func (s *Store) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+// branch reads the keys of read. The revision of a commit is its
+// response's header revision (etcd's store revision after the
+// transaction, the ModRevision of every key it wrote).
+func (s *Store) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (int64, []store.KV, error) {
 	if err := store.CheckSpeculation(conds, same, ops, read); err != nil {
-		return nil, fmt.Errorf("etcd store: %w", err)
+		return 0, nil, fmt.Errorf("etcd store: %w", err)
 	}
 	out, _, _ := store.StartGet(ctx, read)
 	gets := make([]clientv3.Op, 0, len(read))
@@ -313,17 +316,17 @@ func (s *Store) CommitOrGet(ctx context.Context, conds []store.Cond, same []stor
 	defer cancel()
 	resp, err := s.cli.Txn(ctx).If(s.compares(conds, same)...).Then(s.writes(ops)...).Else(gets...).Commit()
 	if err != nil {
-		return nil, classify(ctx, s.endpoints, fmt.Errorf("commit: %w", err))
+		return 0, nil, classify(ctx, s.endpoints, fmt.Errorf("commit: %w", err))
 	}
 	if resp.Succeeded {
-		return nil, nil
+		return resp.Header.Revision, nil, nil
 	}
 	for i, r := range resp.Responses {
 		if rr := r.GetResponseRange(); i < len(out) && rr != nil && len(rr.Kvs) > 0 {
 			out[i].Value, out[i].Revision = rr.Kvs[0].Value, rr.Kvs[0].ModRevision
 		}
 	}
-	return out, fmt.Errorf("%w (etcd revision %d)", store.ErrConflict, resp.Header.Revision)
+	return 0, out, fmt.Errorf("%w (etcd revision %d)", store.ErrConflict, resp.Header.Revision)
 }
 
 // compares are a transaction's conditions: revisions (0: absent) and

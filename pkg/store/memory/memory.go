@@ -123,25 +123,25 @@ func (s *Store) applyLocked(ops []store.Op) {
 }
 
 // CommitOrGet implements store.Speculator.
-func (s *Store) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+func (s *Store) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (int64, []store.KV, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	if err := store.CheckSpeculation(conds, same, ops, read); err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, kv := range same {
 		if e, ok := s.data[kv.Key]; !ok || !bytes.Equal(e.value, kv.Value) {
-			return s.getLocked(read), fmt.Errorf("%w: key %q", store.ErrConflict, kv.Key)
+			return 0, s.getLocked(read), fmt.Errorf("%w: key %q", store.ErrConflict, kv.Key)
 		}
 	}
 	if err := s.checkLocked(conds); err != nil {
-		return s.getLocked(read), err
+		return 0, s.getLocked(read), err
 	}
 	s.applyLocked(ops)
-	return nil, nil
+	return s.rev, nil, nil
 }
 
 func (s *Store) getLocked(keys []string) []store.KV {

@@ -25,10 +25,10 @@ type mutant struct {
 	commit func(m *memory.Store, ctx context.Context, conds []store.Cond, ops []store.Op) error
 	scan   func(kvs []store.KV, limit int) []store.KV
 	// speculate replaces CommitOrGet.
-	speculate func(m *memory.Store, ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error)
+	speculate func(m *memory.Store, ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (int64, []store.KV, error)
 }
 
-func (m mutant) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+func (m mutant) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (int64, []store.KV, error) {
 	if m.speculate != nil {
 		return m.speculate(m.Store, ctx, conds, same, ops, read)
 	}
@@ -91,7 +91,7 @@ var mutants = map[string]struct {
 	},
 	"speculates without checking values": {
 		func() store.Store {
-			return mutant{Store: memory.New(), speculate: func(m *memory.Store, ctx context.Context, conds []store.Cond, _ []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
+			return mutant{Store: memory.New(), speculate: func(m *memory.Store, ctx context.Context, conds []store.Cond, _ []store.KV, ops []store.Op, read []string) (int64, []store.KV, error) {
 				return m.CommitOrGet(ctx, conds, nil, ops, read)
 			}}
 		},
@@ -99,9 +99,35 @@ var mutants = map[string]struct {
 	},
 	"speculation answers nothing when it fails": {
 		func() store.Store {
-			return mutant{Store: memory.New(), speculate: func(m *memory.Store, ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) ([]store.KV, error) {
-				_, err := m.CommitOrGet(ctx, conds, same, ops, read)
-				return nil, err
+			return mutant{Store: memory.New(), speculate: func(m *memory.Store, ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (int64, []store.KV, error) {
+				rev, _, err := m.CommitOrGet(ctx, conds, same, ops, read)
+				return rev, nil, err
+			}}
+		},
+		[]string{"CommitOrGet"},
+	},
+	"speculation tells the revision before its commit": {
+		func() store.Store {
+			return mutant{Store: memory.New(), speculate: func(m *memory.Store, ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (int64, []store.KV, error) {
+				rev, kvs, err := m.CommitOrGet(ctx, conds, same, ops, read)
+				if err == nil {
+					rev--
+				}
+				return rev, kvs, err
+			}}
+		},
+		[]string{"CommitOrGet"},
+	},
+	"speculation ignores revision conditions": {
+		func() store.Store {
+			return mutant{Store: memory.New(), speculate: func(m *memory.Store, ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (int64, []store.KV, error) {
+				var kept []store.Cond
+				for _, c := range conds {
+					if c.IsRange() || c.Revision == 0 {
+						kept = append(kept, c)
+					}
+				}
+				return m.CommitOrGet(ctx, kept, same, ops, read)
 			}}
 		},
 		[]string{"CommitOrGet"},

@@ -377,12 +377,12 @@ func testRangeAbsent(t *testing.T, s store.Store) {
 		}
 	}
 	if sp, ok := s.(store.Speculator); ok {
-		kvs, err := sp.CommitOrGet(ctx, []store.Cond{store.AbsentRange("r/4", "r/6")}, []store.KV{{Key: "first", Value: []byte("1")}},
+		_, kvs, err := sp.CommitOrGet(ctx, []store.Cond{store.AbsentRange("r/4", "r/6")}, []store.KV{{Key: "first", Value: []byte("1")}},
 			[]store.Op{store.Put("no", []byte("n"))}, []string{"r/5"})
 		if !errors.Is(err, store.ErrConflict) || len(kvs) != 1 || string(kvs[0].Value) != "5" {
 			t.Fatalf("CommitOrGet with r/5 in the range required empty = %v, %v; want ErrConflict and r/5", kvs, err)
 		}
-		if kvs, err := sp.CommitOrGet(ctx, []store.Cond{store.AbsentRange("r/6", "r/8")}, []store.KV{{Key: "first", Value: []byte("1")}},
+		if _, kvs, err := sp.CommitOrGet(ctx, []store.Cond{store.AbsentRange("r/6", "r/8")}, []store.KV{{Key: "first", Value: []byte("1")}},
 			[]store.Op{store.Put("spec", []byte("s"))}, []string{"r/5"}); err != nil || kvs != nil {
 			t.Fatalf("CommitOrGet with an empty range = %v, %v; want nil, nil", kvs, err)
 		}
@@ -402,16 +402,18 @@ func testRangeAbsent(t *testing.T, s store.Store) {
 	}
 }
 
-// testCommitOrGet: a commit on believed values applies when the beliefs and
-// the revision conditions hold; when any fails it writes nothing and
-// answers the keys to read as Get answers them.
+// testCommitOrGet: a commit on believed values and revisions applies when
+// the beliefs hold, and tells the revision its keys now carry, which a
+// later speculation may require; when any belief fails it writes nothing
+// and answers the keys to read as Get answers them.
 func testCommitOrGet(t *testing.T, s store.Store) {
 	ctx := ctxFor(t)
 	sp := s.(store.Speculator)
 	mustCommit(t, s, nil, store.Put("a", []byte("a0")), store.Put("b", []byte("b0")))
 	read := []string{"a", "b", "c"}
+	before := mustGet(t, s, "a")[0].Revision
 	// Right beliefs, c absent as required: applied, nothing returned.
-	kvs, err := sp.CommitOrGet(ctx, []store.Cond{{Key: "c"}},
+	rev, kvs, err := sp.CommitOrGet(ctx, []store.Cond{{Key: "c"}},
 		[]store.KV{{Key: "a", Value: []byte("a0")}, {Key: "b", Value: []byte("b0"), Revision: 12345}},
 		[]store.Op{store.Put("a", []byte("a1")), store.Put("c", []byte("c1"))}, read)
 	if err != nil || kvs != nil {
@@ -420,6 +422,21 @@ func testCommitOrGet(t *testing.T, s store.Store) {
 	want := []view{{"a", "a1"}, {"b", "b0"}, {"c", "c1"}}
 	if diff := cmp.Diff(want, views(mustScan(t, s, "", "\xff", 0))); diff != "" {
 		t.Fatalf("after a speculative commit (-want +got):\n%s", diff)
+	}
+	got := mustGet(t, s, "a", "c")
+	if rev <= before || got[0].Revision != rev || got[1].Revision != rev {
+		t.Fatalf("CommitOrGet told revision %d; the keys it wrote are at %d and %d (before it: %d)", rev, got[0].Revision, got[1].Revision, before)
+	}
+	// The revision told is a belief a later speculation can rest on, and
+	// so is that of a commit with nothing to read.
+	rev, kvs, err = sp.CommitOrGet(ctx, []store.Cond{{Key: "a", Revision: rev}, {Key: "c", Revision: rev}}, nil,
+		[]store.Op{store.Put("c", []byte("c2"))}, nil)
+	if err != nil || kvs != nil || rev != mustGet(t, s, "c")[0].Revision {
+		t.Fatalf("CommitOrGet on the revision told = %d, %v, %v; want the revision c is at now, nil, nil", rev, kvs, err)
+	}
+	if rev2, kvs, err := sp.CommitOrGet(ctx, []store.Cond{{Key: "c", Revision: rev}}, nil,
+		[]store.Op{store.Put("c", []byte("c1"))}, read); err != nil || kvs != nil || rev2 <= rev {
+		t.Fatalf("CommitOrGet on the revision a commit without reads told = %d, %v, %v; want a later revision, nil, nil", rev2, kvs, err)
 	}
 	fails := []struct {
 		name  string
@@ -433,9 +450,9 @@ func testCommitOrGet(t *testing.T, s store.Store) {
 	}
 	for _, f := range fails {
 		before := mustScan(t, s, "", "\xff", 0)
-		kvs, err := sp.CommitOrGet(ctx, f.conds, f.same, []store.Op{store.Put("a", []byte("wrong")), store.Delete("b"), store.Put("d", []byte("d"))}, append(read, "zz"))
-		if !errors.Is(err, store.ErrConflict) {
-			t.Fatalf("%s: err = %v, want ErrConflict", f.name, err)
+		rev, kvs, err := sp.CommitOrGet(ctx, f.conds, f.same, []store.Op{store.Put("a", []byte("wrong")), store.Delete("b"), store.Put("d", []byte("d"))}, append(read, "zz"))
+		if !errors.Is(err, store.ErrConflict) || rev != 0 {
+			t.Fatalf("%s: revision %d, err = %v, want 0 and ErrConflict", f.name, rev, err)
 		}
 		if diff := cmp.Diff(before, mustScan(t, s, "", "\xff", 0)); diff != "" {
 			t.Fatalf("%s: a failed speculation changed the store (-before +after):\n%s", f.name, diff)
@@ -449,10 +466,10 @@ func testCommitOrGet(t *testing.T, s store.Store) {
 	for i := range many {
 		many[i] = fmt.Sprintf("r%03d", i)
 	}
-	if _, err := sp.CommitOrGet(ctx, nil, nil, []store.Op{store.Put("e", nil)}, many); !errors.Is(err, store.ErrTooLarge) {
+	if _, _, err := sp.CommitOrGet(ctx, nil, nil, []store.Op{store.Put("e", nil)}, many); !errors.Is(err, store.ErrTooLarge) {
 		t.Errorf("reading %d keys: err = %v, want ErrTooLarge", len(many), err)
 	}
-	if _, err := sp.CommitOrGet(ctx, nil, []store.KV{{Key: ""}}, nil, nil); err == nil || errors.Is(err, store.ErrConflict) {
+	if _, _, err := sp.CommitOrGet(ctx, nil, []store.KV{{Key: ""}}, nil, nil); err == nil || errors.Is(err, store.ErrConflict) {
 		t.Errorf("a belief about the empty key: err = %v, want a refusal", err)
 	}
 }

@@ -1,0 +1,241 @@
+package pool
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/memory"
+)
+
+// byteCounter is a store that counts what its callers send it (the bytes
+// of keys, values and conditions: a revision counts 8) and what it answers
+// (keys and values), and its round trips: what travels between a host and
+// etcd, without etcd's framing.
+type byteCounter struct {
+	*memory.Store
+	mu             sync.Mutex
+	sent, received int
+	trips          int
+}
+
+func (c *byteCounter) take() (sent, received, trips int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	sent, received, trips = c.sent, c.received, c.trips
+	c.sent, c.received, c.trips = 0, 0, 0
+	return sent, received, trips
+}
+
+func (c *byteCounter) count(conds []store.Cond, same []store.KV, ops []store.Op, keys []string, answered []store.KV) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.trips++
+	for _, x := range conds {
+		c.sent += len(x.Key) + len(x.End) + 8
+	}
+	for _, kv := range same {
+		c.sent += len(kv.Key) + len(kv.Value)
+	}
+	for _, o := range ops {
+		c.sent += len(o.Key) + len(o.Value)
+	}
+	for _, k := range keys {
+		c.sent += len(k)
+	}
+	for _, kv := range answered {
+		c.received += len(kv.Key) + len(kv.Value)
+	}
+}
+
+func (c *byteCounter) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
+	kvs, err := c.Store.Get(ctx, keys...)
+	c.count(nil, nil, nil, keys, kvs)
+	return kvs, err
+}
+
+func (c *byteCounter) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
+	kvs, err := c.Store.Scan(ctx, from, to, limit)
+	c.count(nil, nil, nil, []string{from, to}, kvs)
+	return kvs, err
+}
+
+func (c *byteCounter) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
+	err := c.Store.Commit(ctx, conds, ops)
+	c.count(conds, nil, ops, nil, nil)
+	return err
+}
+
+func (c *byteCounter) CommitOrGet(ctx context.Context, conds []store.Cond, same []store.KV, ops []store.Op, read []string) (int64, []store.KV, error) {
+	rev, kvs, err := c.Store.CommitOrGet(ctx, conds, same, ops, read)
+	c.count(conds, same, ops, read, kvs)
+	return rev, kvs, err
+}
+
+// verbBytes is what one steady-state verb of one host cost the store.
+type verbBytes struct{ sent, received, trips int }
+
+func (v verbBytes) total() int { return v.sent + v.received }
+
+// spreadRing gives pool def's space to n hosts, host0000 to host%04d,
+// as their first claims would: the ring split into n equal ranges in host
+// order (built by ring.assign and encoded as claims do), and each other
+// host's state with one address used. host0000's own state is left as
+// its allocations wrote it.
+func spreadRing(t testing.TB, st store.Store, def Def, n int) {
+	t.Helper()
+	ctx := context.Background()
+	def, err := def.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRing(def)
+	step := r.space.size()
+	step.lo /= uint64(n) // a /16's size fits in lo
+	lo := r.space.lo
+	for i := range n {
+		hi := lo.add(step).dec()
+		if i == n-1 {
+			hi = r.space.hi
+		}
+		r = r.assign(lo, hi, fmt.Sprintf("host%04d", i))
+		lo = hi.inc()
+	}
+	if err := r.check(); err != nil {
+		t.Fatal(err)
+	}
+	ops := []store.Op{store.Put(ringKey(def.Name), encodeTokens(r.tokens))}
+	for i := 1; i < n; i++ {
+		ops = append(ops, store.Put(hostKey(def.Name, fmt.Sprintf("host%04d", i)), encodeHostState(hostState{Used: 1})))
+		if len(ops) == store.MaxOps || i == n-1 {
+			if err := st.Commit(ctx, nil, ops); err != nil {
+				t.Fatal(err)
+			}
+			ops = nil
+		}
+	}
+}
+
+// steadyVerbs measures the steady-state verbs of host0000 in one /16 pool
+// whose space n hosts share (spreadRing), host0000 keeping notes as
+// ipam-ring does: an ADD after one that made its note true again, a CHECK
+// (Lookup) after one that refreshed its last-seen time, and a DEL
+// (ReleaseWith, hinted as ipam-ring hints it).
+func steadyVerbs(t *testing.T, n int) (add, check, del verbBytes, ringBytes int) {
+	t.Helper()
+	ctx := context.Background()
+	st := &byteCounter{Store: memory.New()}
+	def := v4Def("p", "198.18.0.0/16")
+	mine, err := New(st, "host0000", WithNotes(&memNotes{}), WithLastSeen())
+	if err != nil {
+		t.Fatal(err)
+	}
+	alloc := func(id string) {
+		t.Helper()
+		if _, err := mine.Allocate(ctx, Request{Owner: own(id), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	alloc("first")
+	spreadRing(t, st, def, n)
+	kvs, err := st.Get(ctx, ringKey("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ringBytes = len(kvs[0].Value)
+	// The ring changed since host0000's note: its next allocation finds
+	// that out (the rare path), the one after is the steady state.
+	alloc("warm")
+	st.take()
+	alloc("steady")
+	add.sent, add.received, add.trips = st.take()
+	for range 2 {
+		st.take()
+		if _, ok, err := mine.Lookup(ctx, own("steady")); err != nil || !ok {
+			t.Fatalf("lookup: %v %v", ok, err)
+		}
+	}
+	check.sent, check.received, check.trips = st.take()
+	if _, ok, err := mine.ReleaseWith(ctx, own("steady"), ReleaseHint{Pools: []string{"p"}}); err != nil || !ok {
+		t.Fatalf("release: %v %v", ok, err)
+	}
+	del.sent, del.received, del.trips = st.take()
+	return add, check, del, ringBytes
+}
+
+// An ADD, a CHECK and a DEL on one host cost the store the same whatever
+// the number of hosts sharing the pool (DESIGN, "Scale"): at 1 000 hosts at
+// most 1.2 times what they cost at 10, in one round trip for the ADD and
+// the CHECK and two for the DEL.
+func TestSteadyVerbsDoNotGrowWithHosts(t *testing.T) {
+	type row struct {
+		add, check, del verbBytes
+		ring            int
+	}
+	rows := map[int]row{}
+	for _, n := range []int{10, 1000} {
+		var r row
+		r.add, r.check, r.del, r.ring = steadyVerbs(t, n)
+		rows[n] = r
+		t.Logf("%4d hosts (ring %6d bytes): ADD %5d bytes sent, %5d received, %d round trips; CHECK %4d/%4d, %d; DEL %4d/%4d, %d",
+			n, r.ring, r.add.sent, r.add.received, r.add.trips, r.check.sent, r.check.received, r.check.trips, r.del.sent, r.del.received, r.del.trips)
+	}
+	small, large := rows[10], rows[1000]
+	if large.ring < 20*small.ring {
+		t.Fatalf("the ring at 1000 hosts (%d bytes) is not much larger than at 10 (%d): the setup did not spread the pool", large.ring, small.ring)
+	}
+	for _, v := range []struct {
+		verb         string
+		small, large verbBytes
+		trips        int
+	}{{"ADD", small.add, large.add, 1}, {"CHECK", small.check, large.check, 1}, {"DEL", small.del, large.del, 2}} {
+		if float64(v.large.total()) > 1.2*float64(v.small.total()) {
+			t.Errorf("a steady-state %s costs %d bytes at 1000 hosts, %d at 10 (x%.2f, at most x1.2)", v.verb, v.large.total(), v.small.total(), float64(v.large.total())/float64(v.small.total()))
+		}
+		if v.small.trips > v.trips || v.large.trips > v.trips {
+			t.Errorf("a steady-state %s takes %d round trips at 10 hosts, %d at 1000; at most %d", v.verb, v.small.trips, v.large.trips, v.trips)
+		}
+	}
+}
+
+// BenchmarkSteadyAdd is a steady-state ADD on notes (as in
+// TestSteadyVerbsDoNotGrowWithHosts) on a memory store, by the number of
+// hosts sharing the pool: the CPU an ADD costs its host, which plans on
+// the note's ranges of this host and so does not grow with the others'.
+func BenchmarkSteadyAdd(b *testing.B) {
+	for _, n := range []int{10, 1000, 5000} {
+		b.Run(fmt.Sprintf("hosts=%d", n), func(b *testing.B) {
+			ctx := context.Background()
+			st := memory.New()
+			def := v4Def("p", "198.18.0.0/16")
+			a, err := New(st, "host0000", WithNotes(&memNotes{}))
+			if err != nil {
+				b.Fatal(err)
+			}
+			alloc := func(o Owner) {
+				if _, err := a.Allocate(ctx, Request{Owner: o, Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			alloc(own("first"))
+			spreadRing(b, st, def, n)
+			alloc(own("warm"))
+			wrong := a.Stats().NotesWrong
+			b.ResetTimer()
+			for i := range b.N {
+				o := own(fmt.Sprint("c", i))
+				alloc(o)
+				b.StopTimer()
+				if _, _, err := a.ReleaseWith(ctx, o, ReleaseHint{Pools: []string{"p"}}); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+			}
+			if w := a.Stats().NotesWrong - wrong; w != 0 {
+				b.Fatalf("%d steady-state ADDs found their note wrong", w)
+			}
+		})
+	}
+}
