@@ -28,6 +28,10 @@ INTEGRATION_TIMEOUT ?= 25m
 BENCHTIME     ?= 1s
 BENCH_TIMEOUT ?= 45m
 BENCH         ?= .
+# Every binary is stamped with scripts/version.sh's version (git describe;
+# RINGIPAM_VERSION=v1.2.3 make build overrides it) and commit: see
+# internal/version. `<binary> --version` prints them.
+LDFLAGS       := $(shell scripts/version.sh --ldflags)
 
 # Main packages: plugins/<name> -> bin/<name>, cmd/<name> -> bin/<name>,
 # docker-driver -> bin/ringipam-docker. Directories that do not exist yet
@@ -50,7 +54,7 @@ build:
 	@for e in $$($(main_dirs)); do \
 		d=$${e%%:*}; n=$${e##*:}; \
 		echo "go build -o bin/$$n ./$$d"; \
-		CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/$$n ./$$d; \
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/$$n ./$$d; \
 	done
 
 # The Kubernetes control plane (integration/k8s) builds in the foreground
