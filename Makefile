@@ -5,7 +5,7 @@
 #                integration tests (-race, real etcd/netns/docker; needs root),
 #                integration/k8s last (its control plane builds meanwhile)
 #   make bench   deps, build, all benchmarks (BENCHTIME each; heavy ones run once)
-#   make demo    deps, build, scripts/demo.sh
+#   make demo    deps without Kubernetes, scripts/demo.sh (builds what it runs)
 #   make lint    format check, vet (both build tags), staticcheck if installed
 #   make fuzz    every fuzz target for FUZZTIME each (default 10m), keeping
 #                interesting inputs in the packages' testdata/fuzz
@@ -140,7 +140,10 @@ chaos: deps
 		./integration/chaos/ -args -chaos.full 2>&1 | tee chaos.out | \
 		grep -E '^(chaos |--- |ok|FAIL|PASS)|fault:|duplicate:|leak:|lost:|unclear|linearizability:|store:'
 
-demo: deps build
+# The demo needs no Kubernetes: deps skips its build, and scripts/demo.sh
+# builds only the four binaries it runs.
+demo: K8S_BUILD = no
+demo: deps
 	scripts/demo.sh
 
 # The image deploy/kubernetes/ringipam.yaml runs: see scripts/build-image.sh.

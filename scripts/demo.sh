@@ -35,7 +35,7 @@ need=()
 for p in bridge loopback cnitool; do [ -x "$CACHE_BIN/$p" ] || need+=("$p"); done
 if [ ${#need[@]} -gt 0 ]; then
 	if [ -x "$ROOT/scripts/install-deps.sh" ]; then
-		timeout 900 "$ROOT/scripts/install-deps.sh"
+		RINGIPAM_K8S_BUILD=no timeout 900 "$ROOT/scripts/install-deps.sh"
 	else
 		mkdir -p "$CACHE_BIN"
 		GOBIN="$CACHE_BIN" timeout 900 "$GO" install \
