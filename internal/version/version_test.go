@@ -86,14 +86,29 @@ func goTool(t *testing.T) string {
 }
 
 // Every binary the Makefile builds, built with the -ldflags of
-// scripts/version.sh (here a made-up version and commit), answers
-// --version with them; built without, with "dev". The CNI plugins answer
-// it only when run by hand (no CNI_COMMAND).
+// scripts/version.sh (the version made up through RINGIPAM_VERSION, the
+// commit this checkout's HEAD), answers --version with them; built
+// without, with "dev". The CNI plugins answer it only when run by hand
+// (no CNI_COMMAND).
 func TestStampedBinaries(t *testing.T) {
 	root := repoRoot(t)
-	const stampV, stampC = "v9.8.7-6-gfeedbee-dirty", "feedbee0123456789"
-	pkg := "github.com/ringipam/ringipam/internal/version"
-	ldflags := "-X " + pkg + ".Version=" + stampV + " -X " + pkg + ".Commit=" + stampC
+	const stampV = "v9.8.7-6-gfeedbee-dirty"
+	script := exec.Command(filepath.Join(root, "scripts", "version.sh"), "--ldflags")
+	script.Env = append(os.Environ(), "RINGIPAM_VERSION="+stampV)
+	b, err := script.Output()
+	if err != nil {
+		t.Fatalf("scripts/version.sh --ldflags: %v", err)
+	}
+	ldflags := strings.TrimSpace(string(b))
+	head := exec.Command("git", "rev-parse", "HEAD")
+	head.Dir = root
+	b, err = head.Output()
+	if err != nil {
+		t.Fatalf("git rev-parse HEAD: %v", err)
+	}
+	stampC := strings.TrimSpace(string(b))
+	// Program name (as --version says it) -> package; go build -o DIR
+	// names each binary after its directory.
 	mains := map[string]string{
 		"ipam-ring":          "./plugins/ipam-ring",
 		"portmap-ingress":    "./plugins/portmap-ingress",
@@ -116,15 +131,14 @@ func TestStampedBinaries(t *testing.T) {
 	out := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	build := func(name, dir, ldflags string) string {
-		bin := filepath.Join(out, name)
-		cmd := exec.CommandContext(ctx, goTool(t), "build", "-trimpath", "-ldflags", ldflags, "-o", bin, dir)
+	// One go build for several packages links them in parallel.
+	build := func(dir, ldflags string, pkgs ...string) {
+		cmd := exec.CommandContext(ctx, goTool(t), append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", dir + "/"}, pkgs...)...)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if b, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("go build %s: %v\n%s", dir, err, b)
+			t.Fatalf("go build %s: %v\n%s", pkgs, err, b)
 		}
-		return bin
 	}
 	run := func(bin string, env ...string) string {
 		cmd := exec.CommandContext(ctx, bin, "--version")
@@ -135,16 +149,22 @@ func TestStampedBinaries(t *testing.T) {
 		}
 		return strings.TrimSpace(string(b))
 	}
-	for name, dir := range mains {
-		bin := build(name, dir, ldflags)
+	var pkgs []string
+	for _, pkg := range mains {
+		pkgs = append(pkgs, pkg)
+	}
+	build(out, ldflags, pkgs...)
+	for name, pkg := range mains {
+		bin := filepath.Join(out, filepath.Base(pkg))
 		want := name + " " + stampV + " (commit " + stampC + ", " + runtime.Version() + ")"
 		// CNI_COMMAND cleared: a runtime's environment must not leak in.
 		if got := run(bin, "CNI_COMMAND="); got != want {
 			t.Errorf("%s --version: %q, want %q", name, got, want)
 		}
 	}
-	bin := build("unstamped", "./cmd/ringipam-uninstall", "")
-	if got := run(bin); !strings.HasPrefix(got, "ringipam-uninstall dev (commit ") {
+	unstamped := filepath.Join(out, "unstamped")
+	build(unstamped, "", "./cmd/ringipam-uninstall")
+	if got := run(filepath.Join(unstamped, "ringipam-uninstall")); !strings.HasPrefix(got, "ringipam-uninstall dev (commit ") {
 		t.Errorf("unstamped --version: %q, want version dev", got)
 	}
 }
