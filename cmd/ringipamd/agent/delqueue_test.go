@@ -7,8 +7,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ringipam/ringipam/pkg/agentapi"
-	"github.com/ringipam/ringipam/pkg/storeconfig"
 	"github.com/ringipam/ringipam/pkg/store/memory"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
 // delQueueRuns reads ringipam_del_queue_runs_total{result} from the
