@@ -5,7 +5,7 @@
 #                integration tests (-race, real etcd/netns/docker; needs root),
 #                integration/k8s last (its control plane builds meanwhile)
 #   make bench   deps, build, all benchmarks (BENCHTIME each; heavy ones run once)
-#   make demo    deps, build, scripts/demo.sh
+#   make demo    deps without Kubernetes, scripts/demo.sh (builds what it runs)
 #   make lint    format check, vet (both build tags), staticcheck if installed
 #   make fuzz    every fuzz target for FUZZTIME each (default 10m), keeping
 #                interesting inputs in the packages' testdata/fuzz
@@ -28,6 +28,10 @@ INTEGRATION_TIMEOUT ?= 25m
 BENCHTIME     ?= 1s
 BENCH_TIMEOUT ?= 45m
 BENCH         ?= .
+# Every binary is stamped with scripts/version.sh's version (git describe;
+# RINGIPAM_VERSION=v1.2.3 make build overrides it) and commit: see
+# internal/version. `<binary> --version` prints them.
+LDFLAGS       := $(shell scripts/version.sh --ldflags)
 
 # Main packages: plugins/<name> -> bin/<name>, cmd/<name> -> bin/<name>,
 # docker-driver -> bin/ringipam-docker. Directories that do not exist yet
@@ -50,7 +54,7 @@ build:
 	@for e in $$($(main_dirs)); do \
 		d=$${e%%:*}; n=$${e##*:}; \
 		echo "go build -o bin/$$n ./$$d"; \
-		CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/$$n ./$$d; \
+		CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/$$n ./$$d; \
 	done
 
 # The Kubernetes control plane (integration/k8s) builds in the foreground
@@ -136,7 +140,10 @@ chaos: deps
 		./integration/chaos/ -args -chaos.full 2>&1 | tee chaos.out | \
 		grep -E '^(chaos |--- |ok|FAIL|PASS)|fault:|duplicate:|leak:|lost:|unclear|linearizability:|store:'
 
-demo: deps build
+# The demo needs no Kubernetes: deps skips its build, and scripts/demo.sh
+# builds only the four binaries it runs.
+demo: K8S_BUILD = no
+demo: deps
 	scripts/demo.sh
 
 # The image deploy/kubernetes/ringipam.yaml runs: see scripts/build-image.sh.

@@ -13,9 +13,14 @@ import (
 	"syscall"
 
 	"github.com/ringipam/ringipam/docker-driver/driver"
+	"github.com/ringipam/ringipam/internal/version"
 )
 
 func main() {
+	if version.Requested(os.Args[1:]) {
+		fmt.Println(version.Get().Line("ringipam-docker"))
+		return
+	}
 	cfg, err := driver.LoadConfig(os.Args[1:], os.Getenv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)

@@ -7,7 +7,10 @@
 #      agent's `nft`), with those binaries and the reference bridge and
 #      loopback of ./.cache/bin (make deps) copied in;
 #   3. an OCI image of that one layer (umoci), written as an OCI archive:
-#        bin/ringipam-image-<version>.oci.tar, tag <version> = git describe.
+#        bin/ringipam-image-<version>.oci.tar, tag <version> = git describe
+#      (scripts/version.sh, which also stamps the binaries: --version).
+#      Built at a release's tag (git tag v0.1.0), <version> is that tag, the
+#      one deploy/kubernetes/ringipam.yaml pins (see CHANGELOG.md).
 # Layout inside the image (what deploy/kubernetes/ringipam.yaml expects):
 #   /usr/local/bin/{ringipamd,ringctl,ringipam-uninstall} (entrypoint ringipamd),
 #   /opt/ringipam/cni/{ipam-ring,portmap-ingress}   (always installed),
@@ -28,7 +31,8 @@ for tool in mmdebstrap umoci go git; do
 done
 [[ $(id -u) -eq 0 ]] || die "mmdebstrap --mode=root needs root"
 SUITE=${RINGIPAM_IMAGE_SUITE:-bookworm}
-VERSION=$(git describe --tags --always --dirty)
+VERSION=$(scripts/version.sh)
+LDFLAGS=$(scripts/version.sh --ldflags)
 # File times (mmdebstrap) and the image's dates (umoci) are the commit's.
 SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)
 export SOURCE_DATE_EPOCH
@@ -43,10 +47,10 @@ mkdir -p "$WORK/bin" "$WORK/cni" "$WORK/cni-reference" bin
 
 log "building the binaries ($VERSION)"
 for p in ipam-ring portmap-ingress; do
-	CGO_ENABLED=0 go build -trimpath -o "$WORK/cni/$p" "./plugins/$p"
+	CGO_ENABLED=0 go build -trimpath -ldflags "$LDFLAGS" -o "$WORK/cni/$p" "./plugins/$p"
 done
 for c in ringipamd ringctl ringipam-uninstall; do
-	CGO_ENABLED=0 go build -trimpath -o "$WORK/bin/$c" "./cmd/$c"
+	CGO_ENABLED=0 go build -trimpath -ldflags "$LDFLAGS" -o "$WORK/bin/$c" "./cmd/$c"
 done
 cp .cache/bin/bridge .cache/bin/loopback "$WORK/cni-reference/"
 

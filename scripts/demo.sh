@@ -29,13 +29,13 @@ command -v "$GO" >/dev/null || GO=/usr/local/go/bin/go
 
 say "building"
 for p in plugins/ipam-ring plugins/portmap-ingress cmd/ringipamd cmd/ringctl; do
-	(cd "$ROOT" && CGO_ENABLED=0 timeout 600 "$GO" build -trimpath -o "$BIN/${p##*/}" "./$p")
+	(cd "$ROOT" && CGO_ENABLED=0 timeout 600 "$GO" build -trimpath -ldflags "$(scripts/version.sh --ldflags)" -o "$BIN/${p##*/}" "./$p")
 done
 need=()
 for p in bridge loopback cnitool; do [ -x "$CACHE_BIN/$p" ] || need+=("$p"); done
 if [ ${#need[@]} -gt 0 ]; then
 	if [ -x "$ROOT/scripts/install-deps.sh" ]; then
-		timeout 900 "$ROOT/scripts/install-deps.sh"
+		RINGIPAM_K8S_BUILD=no timeout 900 "$ROOT/scripts/install-deps.sh"
 	else
 		mkdir -p "$CACHE_BIN"
 		GOBIN="$CACHE_BIN" timeout 900 "$GO" install \

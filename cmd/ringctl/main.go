@@ -5,11 +5,17 @@
 package main
 
 import (
+	"fmt"
 	"os"
 
 	"github.com/ringipam/ringipam/cmd/ringctl/cli"
+	"github.com/ringipam/ringipam/internal/version"
 )
 
 func main() {
+	if version.Requested(os.Args[1:]) {
+		fmt.Println(version.Get().Line("ringctl"))
+		return
+	}
 	os.Exit(cli.Main(os.Args[1:], cli.OSEnv()))
 }

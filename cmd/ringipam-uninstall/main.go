@@ -42,12 +42,18 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/ringipam/ringipam/internal/version"
 )
 
 // saDir is where kubelet mounts the pod's service-account credentials.
 const saDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 func main() {
+	if version.Requested(os.Args[1:]) {
+		fmt.Println(version.Get().Line("ringipam-uninstall"))
+		return
+	}
 	fs := flag.NewFlagSet("ringipam-uninstall", flag.ExitOnError)
 	ds := fs.String("daemonset", "ringipam", "the DaemonSet whose deletion uninstalls")
 	record := fs.String("record", "/var/lib/ringipam/installed", "the installer's record of the files it wrote")

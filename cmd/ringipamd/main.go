@@ -14,9 +14,14 @@ import (
 	"syscall"
 
 	"github.com/ringipam/ringipam/cmd/ringipamd/agent"
+	"github.com/ringipam/ringipam/internal/version"
 )
 
 func main() {
+	if version.Requested(os.Args[1:]) {
+		fmt.Println(version.Get().Line("ringipamd"))
+		return
+	}
 	cfg, err := agent.LoadConfig(os.Args[1:], os.Getenv, os.Stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)

@@ -15,6 +15,8 @@
 //     list by write-then-rename from an init container that knows its node
 //     from the downward API, and probes the agent's /livez (liveness) and
 //     /readyz (readiness).
+//   - Both containers run ringipam/ringipam pinned to a release tag
+//     (vX.Y.Z, never :dev), the newest release of CHANGELOG.md.
 //   - The installer records what it wrote; the agent's preStop hook
 //     (cmd/ringipam-uninstall) removes exactly that, only when the
 //     DaemonSet is being deleted.

@@ -25,7 +25,7 @@ if [[ -e $out && ! -f $out/config.json ]]; then
 fi
 rm -rf "$out"
 mkdir -p "$out/rootfs"/{run/docker/plugins,var/lib/ringipam,etc/ringipam,tmp}
-(cd "$root" && CGO_ENABLED=0 "$go" build -trimpath -o "$out/rootfs/ringipam-docker" ./docker-driver)
+(cd "$root" && CGO_ENABLED=0 "$go" build -trimpath -ldflags "$("$root/scripts/version.sh" --ldflags)" -o "$out/rootfs/ringipam-docker" ./docker-driver)
 cp "$here/config.json" "$out/config.json"
 echo "plugin laid out in $out"
 

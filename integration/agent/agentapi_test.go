@@ -326,7 +326,9 @@ func TestDELsWhileTheAgentIsDownAreRunWhenItStarts(t *testing.T) {
 // speaking v99) is refused by the plugin binary with a clear error: ADD
 // fails with 11 naming both versions; DEL is queued, not sent elsewhere.
 // The real agent refuses a plugin of another version (raw JSON of v2) the
-// same way, naming both.
+// same way, naming both; it then runs the DEL queued meanwhile (counted ok
+// in ringipam_del_queue_runs_total, gone) and moves one that can never
+// succeed to failed/ (counted dead).
 func TestAgentOfAnotherVersionIsRefused(t *testing.T) {
 	c := newCluster(t)
 	sock := socketPath(t)
@@ -370,9 +372,22 @@ func TestAgentOfAnotherVersionIsRefused(t *testing.T) {
 	default:
 	}
 
+	// Beside it, a DEL no agent can ever run (a container ID no CNI
+	// name rule allows: the agent refuses it with code 7), written as a
+	// plugin of this version would queue it.
+	bad := &agentapi.Request{Version: agentapi.Version, Plugin: agentapi.PluginIPAM, Command: "DEL", ContainerID: "ver bad!",
+		IfName: "eth0", Stdin: conf, TimeoutMS: 10000}
+	if err := (agentapi.DelQueue{Dir: queue}).Put(bad); err != nil {
+		t.Fatal(err)
+	}
+	if n := queued(t, queue); n != 2 {
+		t.Fatalf("%d DELs queued, want 2", n)
+	}
+
 	// The real agent, asked in v2.
+	listen := freePort(t)
 	startBinary(t, nil, "--host", "ver-host", "--store", "etcd", "--etcd-endpoints", c.etcd.Endpoints()[0],
-		"--store-prefix", c.prefix, "--listen", "off", "--ingress=false", "--store-socket", sock, "--del-queue", queue)
+		"--store-prefix", c.prefix, "--listen", listen, "--ingress=false", "--store-socket", sock, "--del-queue", queue)
 	waitSocket(t, sock)
 	conn, err := net.DialTimeout("unix", sock, 10*time.Second)
 	if err != nil {
@@ -391,9 +406,22 @@ func TestAgentOfAnotherVersionIsRefused(t *testing.T) {
 	if err := json.Unmarshal([]byte(line), &a); err != nil || a.Version != 1 || !strings.Contains(a.Error, "speaks agent API v1, the plugin sent v2") {
 		t.Fatalf("answer to a v2 request: %q (%v), want v1 naming both versions", line, err)
 	}
-	// The v1 DEL queued while the v99 server held the socket is run.
-	waitFor(t, 30*time.Second, "the agent to run the queued DEL", func() (bool, string) {
-		n := queued(t, queue)
-		return n == 0, fmt.Sprintf("%d queued", n)
+	// The v1 DEL queued while the v99 server held the socket is run (a
+	// DEL of nothing succeeds: counted ok, gone from the queue, not in
+	// failed/); the hopeless one is moved to failed/ (counted dead).
+	url := "http://" + listen
+	runs := func(result string) float64 {
+		return metric(t, url, fmt.Sprintf(`ringipam_del_queue_runs_total{result=%q}`, result))
+	}
+	waitFor(t, 30*time.Second, "the agent to drain the queue", func() (bool, string) {
+		n, ok, dead := queued(t, queue), runs("ok"), runs("dead")
+		return n == 0 && ok+dead == 2, fmt.Sprintf("%d queued, ok %v, dead %v", n, ok, dead)
 	})
+	if ok, failed, dead := runs("ok"), runs("failed"), runs("dead"); ok != 1 || failed != 0 || dead != 1 {
+		t.Fatalf("ringipam_del_queue_runs_total ok %v failed %v dead %v, want the DEL of ver-1 ok and the bad one dead", ok, failed, dead)
+	}
+	des, err := os.ReadDir(filepath.Join(queue, agentapi.FailedDir))
+	if err != nil || len(des) != 1 || des[0].Name() != agentapi.Key(bad)+".json" {
+		t.Fatalf("%s holds %v (%v), want only the bad DEL's entry %s.json", agentapi.FailedDir, des, err, agentapi.Key(bad))
+	}
 }

@@ -81,7 +81,9 @@ func buildImage(t *testing.T) {
 	start := time.Now()
 	build := exec.CommandContext(ctx, filepath.Join(cnitest.RepoRoot, "scripts", "build-image.sh"))
 	build.Dir = cnitest.RepoRoot
-	build.Env = append(os.Environ(), "PATH="+filepath.Dir(goBinary())+":"+os.Getenv("PATH"))
+	// RINGIPAM_VERSION emptied: the image is tagged with git describe, as
+	// imageTag (scripts/version.sh).
+	build.Env = append(os.Environ(), "PATH="+filepath.Dir(goBinary())+":"+os.Getenv("PATH"), "RINGIPAM_VERSION=")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("scripts/build-image.sh: %v\n%s", err, out)
 	}

@@ -36,7 +36,7 @@ const (
 	shippedEndpoint = "https://etcd.example:2379"
 	shippedPool     = "10.244.0.0/16"
 	podCIDR         = "198.18.0.0/27"
-	shippedImage    = "ringipam/ringipam:dev"
+	shippedImage    = "ringipam/ringipam:" // the release the manifest pins follows
 	poolName        = "k8s-pods-v4"
 	installNS       = "ringipam-system"
 	secretName      = "ringipam-etcd-client"
@@ -106,7 +106,12 @@ func (c *cluster) loadManifest(t *testing.T) *manifest {
 			}
 			for _, cs := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
 				for i := range cs {
-					cs[i].Image = replace("DaemonSet image", cs[i].Image, shippedImage, "docker.io/ringipam/ringipam:"+imageTag)
+					// The manifest pins a release (deploy/kubernetes checks
+					// which); the suite runs the image it built of this tree.
+					if !strings.HasPrefix(cs[i].Image, shippedImage) {
+						t.Fatalf("DaemonSet image %q: want %s<release>", cs[i].Image, shippedImage)
+					}
+					cs[i].Image = "docker.io/ringipam/ringipam:" + imageTag
 					for j, a := range cs[i].Args {
 						if strings.HasPrefix(a, "--etcd-endpoints=") {
 							cs[i].Args[j] = replace("DaemonSet args", a, shippedEndpoint, c.etcdInNode)

@@ -5,11 +5,23 @@
 package main
 
 import (
+	"fmt"
+	"os"
+
 	"github.com/containernetworking/cni/pkg/skel"
 
+	"github.com/ringipam/ringipam/internal/version"
 	"github.com/ringipam/ringipam/pkg/cni/portmap"
 )
 
+// main answers --version when run by hand (no CNI_COMMAND); a runtime's
+// VERSION command still gets the CNI versions from skel, and the text skel
+// prints when run without CNI_COMMAND names the build too.
 func main() {
-	skel.PluginMainFuncs(portmap.Edge{ToAgent: true}.Funcs(), portmap.SupportedVersions, "portmap-ingress: published ports unique across a ringipam cluster")
+	build := version.Get()
+	if os.Getenv("CNI_COMMAND") == "" && version.Requested(os.Args[1:]) {
+		fmt.Println(build.Line("portmap-ingress"))
+		return
+	}
+	skel.PluginMainFuncs(portmap.Edge{ToAgent: true}.Funcs(), portmap.SupportedVersions, "portmap-ingress: published ports unique across a ringipam cluster, "+build.Line("portmap-ingress"))
 }

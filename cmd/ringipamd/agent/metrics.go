@@ -72,6 +72,7 @@ func newMetrics(snapshot func() *Snapshot) *metrics {
 	for _, result := range []string{"ok", "failed", "dead"} {
 		m.delQueue.WithLabelValues(result)
 	}
+	registerBuildInfo(m.registry)
 	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.calls, m.socketRefused, m.delQueue, m.routes, m,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m

@@ -13,6 +13,7 @@ import (
 // Snapshot is what the status page and the pool metrics show: read from
 // the store every StatusRefresh, served from memory in between.
 type Snapshot struct {
+	Version  BuildVersion    `json:"version"` // this agent's build (build_info.go)
 	Taken    time.Time       `json:"taken"`
 	Host     string          `json:"host"`
 	Addr     string          `json:"addr,omitempty"`
