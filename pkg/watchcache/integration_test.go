@@ -33,7 +33,7 @@ func newCache(cli *clientv3.Client, t *testing.T) *watchcache.Cache[string] {
 	return watchcache.New(watchcache.Config[string]{Client: cli, Trim: trim, Prefix: "n/",
 		Decode:     func(_ string, v []byte) (string, error) { return string(v), nil },
 		MinBackoff: 50 * time.Millisecond, MaxBackoff: time.Second,
-		Log:        func(msg string, args ...any) { t.Logf(msg+" %v", args) }})
+		Log: func(msg string, args ...any) { t.Logf(msg+" %v", args) }})
 }
 
 func run(t *testing.T, c *watchcache.Cache[string]) {
