@@ -54,24 +54,6 @@ func DecodeRing(pool string, def Def, value []byte) (Ring, error) {
 	return r.view(pool), nil
 }
 
-// RingHosts returns the hosts a stored ring (the value of g/<pool>) names,
-// tombstoned ranges included, without the pool's definition.
-func RingHosts(value []byte) ([]string, error) {
-	var tokens []token
-	if err := json.Unmarshal(value, &tokens); err != nil {
-		return nil, fmt.Errorf("stored ring is corrupt: %w", err)
-	}
-	var out []string
-	seen := map[string]bool{}
-	for _, t := range tokens {
-		if t.Host != "" && !seen[t.Host] {
-			seen[t.Host] = true
-			out = append(out, t.Host)
-		}
-	}
-	return out, nil
-}
-
 // DecodeHostRecord decodes the host record whose key (n/<host>) is key into
 // what Hosts reports of it: Name, Agent, Addr, OrphanedAt, Reclaimed,
 // Routes and the LastSeen the record itself holds. State, Ranges, Used and
