@@ -201,7 +201,9 @@ func TestWatchesReachTheAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	own := func(c string) portalloc.EndpointID { return portalloc.EndpointID{Network: "net", ContainerID: c, IfName: "eth0"} }
+	own := func(c string) portalloc.EndpointID {
+		return portalloc.EndpointID{Network: "net", ContainerID: c, IfName: "eth0"}
+	}
 	fp := &fakePortmap{marks: map[string][]portmap.Rule{}}
 	for i, c := range []string{"a-kept", "a-later"} {
 		if _, err := aports.Allocate(ctx, own(c), []portalloc.Port{{Mode: portalloc.Host, Protocol: "tcp", Number: uint16(7000 + i)}}); err != nil {
