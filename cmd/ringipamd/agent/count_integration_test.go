@@ -16,6 +16,7 @@ import (
 
 	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
 // etcdRequests reads etcd's count of finished unary requests by method
@@ -171,6 +172,49 @@ func TestEventsCostEachAgentConstantRequests(t *testing.T) {
 			if per > limit {
 				t.Errorf("%s: each additional agent costs %.2f %s requests (at most %v): the agents read the store to learn what their watches carried", ph.name, per, method, limit)
 			}
+		}
+	}
+}
+
+// The resync re-applies the routing table and the ingress forwards from the
+// agent's copies, with no request to etcd: with the resync short and every
+// poll an hour away, the fake router and forwarder are applied again and
+// again while etcd counts no Range and no Txn.
+func TestResyncReappliesFromTheCopies(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	e := newEtcdSetup(t, srv)
+	allocOn(t, e.st, "host-b", "b-1")
+	record(t, e.st, "host-b", "198.18.0.2")
+	rt := &fakeRouter{onLink: []netip.Prefix{netip.MustParsePrefix("198.18.0.9/16")}}
+	fwd := &fakeForwarder{}
+	cfg := e.config(t, "host-a", "198.18.0.9")
+	cfg.Routes, cfg.Ingress = true, true
+	cfg.Resync = storeconfig.Duration(100 * time.Millisecond)
+	startAgent(t, cfg, withRouter(rt), withForwarder(fwd))
+	waitLong(t, "routes to host-b", func() (bool, string) {
+		return slices.Equal(viaOf(rt, "host-b"), []string{"198.18.0.2"}), fmt.Sprint(rt.routes())
+	})
+	applies := func() (int, int) {
+		rt.mu.Lock()
+		defer rt.mu.Unlock()
+		fwd.mu.Lock()
+		defer fwd.mu.Unlock()
+		return rt.applies, fwd.syncs
+	}
+	// Whatever the start wrote (the routes summary) is done once the
+	// first resync applied the table again.
+	a0, _ := applies()
+	waitLong(t, "a first resync", func() (bool, string) { a, _ := applies(); return a > a0+1, "" })
+	before := etcdRequests(t, srv)
+	a1, s1 := applies()
+	waitLong(t, "three more resyncs of the routes and of the forwards", func() (bool, string) {
+		a, s := applies()
+		return a >= a1+3 && s >= s1+3, fmt.Sprintf("applies %d, syncs %d", a-a1, s-s1)
+	})
+	after := etcdRequests(t, srv)
+	for _, m := range []string{"Range", "Txn"} {
+		if d := after[m] - before[m]; d != 0 {
+			t.Errorf("%v %s requests during resyncs: a resync reads or writes the store", d, m)
 		}
 	}
 }
