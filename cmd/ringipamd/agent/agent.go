@@ -106,7 +106,9 @@ type Agent struct {
 	// rt holds the routes to other hosts' ranges (--routes); nil: off.
 	rt         router
 	routeTable int
-	routesKick chan struct{} // a watch saw a ring or host record change
+	// caches are the copies the routes and ingress loops decide from
+	// (informer.go); set by Run.
+	caches *caches
 
 	held     func() bool
 	nameLost atomic.Bool // another instance holds this host's liveness key now
@@ -120,7 +122,6 @@ type Agent struct {
 	// next heartbeat runs it; see pool.Allocator.Readopt).
 	readopt  atomic.Bool
 	snapshot atomic.Pointer[Snapshot]
-	kick     chan struct{} // a watch saw published ports change
 
 	mu        sync.Mutex
 	orphaned  time.Time // this host's unacknowledged orphaning
@@ -145,8 +146,8 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 	if o.now == nil {
 		o.now = time.Now
 	}
-	a := &Agent{cfg: cfg, log: log, now: o.now, fwd: o.forwarder, pm: o.portmap, locks: o.locks, httpL: o.listener, kick: make(chan struct{}, 1),
-		rt: o.router, routesKick: make(chan struct{}, 1)}
+	a := &Agent{cfg: cfg, log: log, now: o.now, fwd: o.forwarder, pm: o.portmap, locks: o.locks, httpL: o.listener,
+		rt: o.router}
 	if a.locks == "" {
 		a.locks = hostlock.DefaultDir
 	}
@@ -321,16 +322,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	default:
 	}
-	if a.cli != nil {
-		loop(a.watch)
+	if a.rt != nil || a.cfg.Ingress || a.pm != nil {
+		// The copies the routes and ingress loops decide from: on etcd
+		// each follows its watch (informer.go).
+		a.caches = a.newCaches()
+		a.runCaches(loop)
 	}
 	if a.rt != nil {
-		if a.cli != nil {
-			// Rings (claims, donations, tombstones) and host records
-			// (addresses).
-			loop(func(ctx context.Context) { a.watchPrefix(ctx, pool.RingKeyPrefix, a.routesKick) })
-			loop(func(ctx context.Context) { a.watchPrefix(ctx, pool.HostRecordKeyPrefix, a.routesKick) })
-		}
 		loop(a.routesLoop)
 	}
 	loop(func(ctx context.Context) {
@@ -580,70 +578,70 @@ func (a *Agent) setHosts(h []pool.HostInfo) {
 	a.mu.Unlock()
 }
 
-// forgetHosts makes the next hostsFor read the hosts from the store.
-func (a *Agent) forgetHosts() {
-	a.mu.Lock()
-	a.hostsRead = time.Time{}
-	a.mu.Unlock()
-}
-
-// hostsFor returns the known hosts, read again when older than maxAge or
-// when one of names is missing.
-func (a *Agent) hostsFor(ctx context.Context, names []string, maxAge time.Duration) ([]pool.HostInfo, error) {
-	a.mu.Lock()
-	hosts, read := a.hosts, a.hostsRead
-	a.mu.Unlock()
-	fresh := !read.IsZero() && a.now().Sub(read) < maxAge
-	for _, n := range names {
-		if !slices.ContainsFunc(hosts, func(h pool.HostInfo) bool { return h.Name == n }) {
-			fresh = false
-		}
-	}
-	if fresh {
-		return hosts, nil
-	}
-	ctx, cancel := a.op(ctx)
-	defer cancel()
-	hosts, err := a.alloc.Hosts(ctx, time.Duration(a.cfg.OrphanAfter))
-	if err != nil {
-		return nil, err
-	}
-	a.setHosts(hosts)
-	return hosts, nil
-}
-
-// hostsMaxAge is how stale the host list may be for forwarding decisions.
-const hostsMaxAge = 15 * time.Second
-
-// resyncEvery is how often a table is read or rewritten although the store
-// says nothing changed, to repair what someone changed by hand.
+// resyncEvery is how often, on a local store, the kernel and nftables
+// tables are rewritten from the copies although nothing changed, to
+// repair what someone changed by hand (etcd: Resync).
 const resyncEvery = 30 * time.Second
 
-// ingressLoop keeps the forwards equal to the store, when the agent starts,
-// on every sync interval, and at once when a watch sees ports change: the
-// agent's table forwards the ingress ports held on other hosts (rewritten
-// only when the forwards changed, and at least every resyncEvery), and
-// portmap-ingress's table loses the forwards of endpoints this host no
-// longer holds (reconcilePortmap).
+// ingressLoop keeps the forwards equal to the copies of the published
+// ports, host records and liveness keys (informer.go): when the agent
+// starts, at once when a copy changes (on etcd, through its watch), and on
+// every resync (Resync, jittered: the table rewritten from the copies, no
+// store read). The agent's table forwards the ingress ports held on other
+// hosts (rewritten only when the forwards changed, on a resync, and every
+// SyncInterval after a failure), and portmap-ingress's table loses the
+// forwards of endpoints this host no longer holds (reconcilePortmap: when
+// the copy of this host's endpoint index loses one, and on every resync).
 func (a *Agent) ingressLoop(ctx context.Context) {
+	c := a.caches
+	var portsK, hostsK, liveK, ownK <-chan struct{} // nil: never ready
+	var wait []interface{ Synced() <-chan struct{} }
+	if a.cfg.Ingress {
+		portsK, hostsK, liveK = c.ports.Subscribe(), c.hosts.Subscribe(), c.live.Subscribe()
+		wait = append(wait, c.ports, c.hosts, c.live)
+	}
+	if a.pm != nil {
+		ownK = c.own.Subscribe()
+		wait = append(wait, c.own)
+	}
+	if !synced(ctx, wait...) {
+		return
+	}
 	var ing ingressState
 	var pm portmapState
+	pass := func(ports, own, force bool) {
+		if own && a.pm != nil {
+			a.reconcilePortmap(ctx, &pm, force)
+		}
+		if ports && a.cfg.Ingress {
+			a.syncIngress(ctx, &ing, force)
+		}
+	}
+	pass(true, true, true)
+	tick := time.NewTicker(time.Duration(a.cfg.SyncInterval))
+	defer tick.Stop()
+	resync := time.NewTimer(jittered(a.resyncPeriod()))
+	defer resync.Stop()
 	for {
-		if a.pm != nil {
-			a.reconcilePortmap(ctx, &pm)
-		}
-		if a.cfg.Ingress {
-			a.syncIngress(ctx, &ing)
-		}
-		t := time.NewTimer(time.Duration(a.cfg.SyncInterval))
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return
-		case <-a.kick:
-		case <-t.C:
+		case <-portsK:
+			pass(true, false, false)
+		case <-hostsK:
+			pass(true, false, false)
+		case <-liveK:
+			pass(true, false, false)
+		case <-ownK:
+			pass(false, true, false)
+		case <-tick.C:
+			if ing.failed {
+				pass(true, false, true)
+			}
+		case <-resync.C:
+			resync.Reset(jittered(a.resyncPeriod()))
+			pass(true, true, true)
 		}
-		t.Stop()
 	}
 }
 
@@ -651,19 +649,21 @@ func (a *Agent) ingressLoop(ctx context.Context) {
 type ingressState struct {
 	last   []Forward
 	synced time.Time
+	failed bool // the last Sync failed: tried again every SyncInterval
 }
 
-// syncIngress rewrites the agent's table when the forwards changed, and at
-// least every resyncEvery.
-func (a *Agent) syncIngress(ctx context.Context, s *ingressState) {
-	fs, ok := a.desired(ctx)
-	if !ok || slices.Equal(fs, s.last) && !s.synced.IsZero() && a.now().Sub(s.synced) < resyncEvery {
+// syncIngress rewrites the agent's table when the forwards changed, the
+// last rewrite failed, or force (a resync).
+func (a *Agent) syncIngress(ctx context.Context, s *ingressState, force bool) {
+	fs := a.desired()
+	if !force && !s.failed && slices.Equal(fs, s.last) && !s.synced.IsZero() {
 		return
 	}
 	sctx, cancel := a.op(ctx)
 	err := a.fwd.Sync(sctx, fs)
 	cancel()
 	if err != nil {
+		s.failed = true
 		a.metrics.syncErrs.Inc()
 		a.log.Warn("installing ingress forwards failed", "err", err)
 		return
@@ -671,58 +671,29 @@ func (a *Agent) syncIngress(ctx context.Context, s *ingressState) {
 	if !slices.Equal(fs, s.last) {
 		a.log.Info("ingress forwards", "count", len(fs))
 	}
-	s.last, s.synced = fs, a.now()
+	s.last, s.synced, s.failed = fs, a.now(), false
 }
 
-// desired reads the ports and hosts and computes the forwards.
-func (a *Agent) desired(ctx context.Context) ([]Forward, bool) {
-	octx, cancel := a.op(ctx)
-	ports, err := a.ports.List(octx)
-	cancel()
-	if err != nil {
-		a.storeError("list-ports", err)
-		return nil, false
-	}
-	var names []string
-	for _, p := range ports {
-		if p.State.Ingress != "" && p.State.IngressHost != a.cfg.Host {
-			names = append(names, p.State.IngressHost)
+// desired computes the forwards from the copies of the published ports,
+// host records and liveness keys: no store read.
+func (a *Agent) desired() []Forward {
+	snap := a.caches.ports.Snapshot()
+	var ports []portalloc.Published
+	for _, e := range snap.Entries {
+		if e.Err != nil {
+			a.storeError("list-ports", e.Err)
+			continue
+		}
+		if h := e.Value; h != nil && h.Ingress != "" {
+			ports = append(ports, portalloc.Published{Address: h.Address, State: portalloc.AddrState{Ingress: h.Ingress, IngressHost: h.IngressHost}})
 		}
 	}
-	hosts, err := a.hostsFor(ctx, names, hostsMaxAge)
-	if err != nil {
-		a.storeError("hosts", err)
-		return nil, false
-	}
-	fs, problems := DesiredForwards(a.cfg.Host, ports, hosts)
+	fs, problems := DesiredForwards(a.cfg.Host, ports, a.knownHosts(nil))
+	slices.Sort(problems)
 	a.mu.Lock()
 	a.forwards, a.problems = fs, problems
 	a.mu.Unlock()
-	return fs, true
-}
-
-// watch kicks the ingress loop when published ports change (etcd only;
-// the poll covers the rest).
-func (a *Agent) watch(ctx context.Context) {
-	if !a.cfg.Ingress && a.pm == nil {
-		return
-	}
-	for ctx.Err() == nil {
-		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for resp := range a.cli.Watch(wctx, a.prefix+"p/a/", clientv3.WithPrefix()) {
-			if resp.Err() != nil {
-				break
-			}
-			select {
-			case a.kick <- struct{}{}:
-			default:
-			}
-		}
-		cancel()
-		if sleep(ctx, time.Second) != nil {
-			return
-		}
-	}
+	return fs
 }
 
 // refreshSnapshot reads what the status page and metrics show.

@@ -27,6 +27,7 @@ const (
 	DefaultHeartbeat     = 30 * time.Second
 	DefaultSweepInterval = time.Minute
 	DefaultSyncInterval  = 2 * time.Second
+	DefaultResync        = 5 * time.Minute
 	DefaultStatusRefresh = 10 * time.Second
 	DefaultTimeout       = 20 * time.Second
 	DefaultIngressTable  = "ringipam-ingress"
@@ -78,10 +79,22 @@ type Config struct {
 	// RoutesTable, RoutesProtocol and RoutesRulePriority are the routing
 	// table, route protocol and policy rule priority of those routes (0:
 	// routes.DefaultTable, DefaultProtocol, DefaultRulePriority).
-	RoutesTable        int                  `json:"routesTable,omitempty"`
-	RoutesProtocol     int                  `json:"routesProtocol,omitempty"`
-	RoutesRulePriority int                  `json:"routesRulePriority,omitempty"`
-	SyncInterval       storeconfig.Duration `json:"syncInterval"`
+	RoutesTable        int `json:"routesTable,omitempty"`
+	RoutesProtocol     int `json:"routesProtocol,omitempty"`
+	RoutesRulePriority int `json:"routesRulePriority,omitempty"`
+	// SyncInterval is how often a local store (one host) is scanned for
+	// what the routes and ingress loops follow, how often the kernel's own
+	// changes are looked at (this host's on-link prefixes, new bridges
+	// needing proxy ARP, a failed apply tried again: no store read), and
+	// how often the DEL queue is drained. On etcd the loops never poll the
+	// store: they follow watches (see Resync).
+	SyncInterval storeconfig.Duration `json:"syncInterval"`
+	// Resync is how often (jittered, up to a fifth more) the routes and
+	// ingress loops re-apply the kernel and nftables tables from their
+	// copies of the store although no watch said anything changed, to
+	// repair hand edits: no store read (on a local store at least every
+	// 30s).
+	Resync storeconfig.Duration `json:"resync"`
 	// StatusRefresh is how often the status page and pool metrics are
 	// read from the store.
 	StatusRefresh storeconfig.Duration `json:"statusRefresh"`
@@ -105,6 +118,7 @@ func DefaultConfig() Config {
 		PortmapTable:     portmap.DefaultTable,
 		PortmapDataplane: portmap.DataplaneAuto,
 		SyncInterval:     storeconfig.Duration(DefaultSyncInterval),
+		Resync:           storeconfig.Duration(DefaultResync),
 		StatusRefresh:    storeconfig.Duration(DefaultStatusRefresh),
 		Timeout:          storeconfig.Duration(DefaultTimeout),
 		LogLevel:         "info",
@@ -142,7 +156,11 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	fs.IntVar(&cfg.RoutesTable, "routes-table", cfg.RoutesTable, "with --routes: the routing table (default 4212)")
 	fs.IntVar(&cfg.RoutesProtocol, "routes-protocol", cfg.RoutesProtocol, "with --routes: the route protocol number marking the agent's routes, 5-255 (default 212)")
 	fs.IntVar(&cfg.RoutesRulePriority, "routes-rule-priority", cfg.RoutesRulePriority, "with --routes: priority of the rule to the table, below main's 32766 (default 32000)")
-	fs.Var(storeconfig.DurationValue(&cfg.SyncInterval), "sync-interval", "how often the ingress forwards and routes are compared with the store")
+	fs.Var(storeconfig.DurationValue(&cfg.SyncInterval), "sync-interval", "local store: how often it is scanned for the routes and ingress forwards; "+
+		"any store: how often this host's addresses, new bridges (proxy ARP) and failed applies are looked at (no store read), and the DEL queue drained. "+
+		"On etcd the routes and forwards follow watches, not this poll")
+	fs.Var(storeconfig.DurationValue(&cfg.Resync), "resync", "how often (jittered) the routes and ingress tables are re-applied from the agent's copy of the store "+
+		"although no watch reported a change, repairing hand edits (no store read)")
 	fs.Var(storeconfig.DurationValue(&cfg.StatusRefresh), "status-refresh", "how often pool usage is read for the status page and metrics")
 	fs.Var(storeconfig.DurationValue(&cfg.Timeout), "timeout", "deadline of one store operation of the agent")
 	// The DEL queue is a store key the store flags do not carry: applied
@@ -200,7 +218,7 @@ func (c *Config) complete() error {
 		return err
 	}
 	for name, d := range map[string]storeconfig.Duration{"heartbeat": c.Heartbeat, "sweep-interval": c.SweepInterval,
-		"sync-interval": c.SyncInterval, "status-refresh": c.StatusRefresh, "timeout": c.Timeout} {
+		"sync-interval": c.SyncInterval, "resync": c.Resync, "status-refresh": c.StatusRefresh, "timeout": c.Timeout} {
 		if d <= 0 {
 			return fmt.Errorf("%w: %s must be positive", ErrConfig, name)
 		}

@@ -16,10 +16,10 @@ import (
 // it was away comes back with forwards of ports the cluster has released
 // (and may have given to another endpoint), which would keep serving the
 // old containers until the runtime's DEL. The agent closes that gap: on
-// start and on every sync it compares the table's attachments (their
-// marks) with the endpoints the store records on this host (the host's
-// index of its endpoints), and removes the forwards of every attachment
-// this host no longer holds.
+// start, whenever its copy of the host's index of its endpoints loses one
+// (a watch on etcd), and on every resync it compares the table's
+// attachments (their marks) with the endpoints that index names, and
+// removes the forwards of every attachment this host no longer holds.
 //
 // A removal is decided under the attachment's own lock (the one its ADD
 // and DEL hold, portmap.MarkLock), with the store read again there: an ADD
@@ -34,22 +34,20 @@ type portmapState struct {
 	read time.Time       // when the table was last read; zero: never
 }
 
-// reconcilePortmap reads the endpoints this host holds (one scan of its
-// index) and, when the agent has just started, when an endpoint left the
-// store since the last pass, or every resyncEvery, reads the table and
-// removes the forwards of attachments this host does not hold.
-func (a *Agent) reconcilePortmap(ctx context.Context, s *portmapState) {
-	held, err := a.heldMarks(ctx)
-	if err != nil {
-		a.storeError("portmap-endpoints", err)
-		return
-	}
+// reconcilePortmap takes the endpoints this host holds from the copy of
+// its endpoint index (p/i/<host>/, followed by a watch on etcd: no store
+// read) and, when the agent has just started, when an endpoint left since
+// the last pass, or on a resync (force), reads the table and removes the
+// forwards of attachments this host does not hold (each decided under its
+// lock with the store read again there: removeStale).
+func (a *Agent) reconcilePortmap(ctx context.Context, s *portmapState, force bool) {
+	held := a.heldFromCache()
 	lost := false
 	for m := range s.held {
 		lost = lost || !held[m]
 	}
 	s.held = held
-	if !lost && !s.read.IsZero() && a.now().Sub(s.read) < resyncEvery {
+	if !lost && !force && !s.read.IsZero() {
 		return
 	}
 	octx, cancel := a.op(ctx)
@@ -67,6 +65,19 @@ func (a *Agent) reconcilePortmap(ctx context.Context, s *portmapState) {
 		}
 		a.removeStale(ctx, m)
 	}
+}
+
+// heldFromCache are the marks of the attachments this host's endpoint
+// index names, from its copy.
+func (a *Agent) heldFromCache() map[string]bool {
+	snap := a.caches.own.Snapshot()
+	held := make(map[string]bool, len(snap.Entries))
+	for _, e := range snap.Entries {
+		if e.Err == nil {
+			held[e.Value] = true
+		}
+	}
+	return held
 }
 
 // heldMarks are the marks of the attachments this host holds in the store.

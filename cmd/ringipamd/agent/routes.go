@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
 	"time"
-
-	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/routes"
@@ -51,6 +50,14 @@ type routesState struct {
 	failed   string // the apply error last logged
 	proxy    []string
 	proxyErr string
+	// onLink and subnets are the on-link prefixes and the pools' IPv4
+	// subnets of the last plan (the kernel tick compares and re-applies
+	// them without planning).
+	onLink, subnets []netip.Prefix
+	// rings are the pools' decoded rings, kept while neither the
+	// definition nor the ring changes (decoded once per change, not per
+	// pass).
+	rings map[string]decodedRing
 	// published is the summary last written to the host record (At
 	// aside), so that a change is written at once, not at the next
 	// heartbeat.
@@ -59,64 +66,113 @@ type routesState struct {
 	v6Noted map[string]bool
 }
 
-// routesLoop keeps the routing table equal to the plan made of the rings
-// and hosts: when the agent starts, on every sync interval, and at once
-// when a watch sees a ring or a host record change.
+// decodedRing is one pool's ring as decoded, with the revisions it was
+// decoded from.
+type decodedRing struct {
+	defRev, ringRev int64
+	ring            pool.Ring
+}
+
+// routesLoop keeps the routing table equal to the plan made of the copies
+// of the definitions, rings, host records and liveness keys
+// (informer.go): when the agent starts, at once when a copy changes (on
+// etcd, through its watch), and on every resync (Resync, jittered; no
+// store read: the plan is applied again from the copies, repairing hand
+// edits). Every SyncInterval it also looks at what the kernel alone can
+// change: this host's on-link prefixes (planned again when they changed),
+// proxy ARP on bridges that appeared since (a bridge comes with its first
+// container), and a failed apply (tried again).
 func (a *Agent) routesLoop(ctx context.Context) {
+	c := a.caches
+	defsK, ringsK, hostsK, liveK := c.defs.Subscribe(), c.rings.Subscribe(), c.hosts.Subscribe(), c.live.Subscribe()
+	if !synced(ctx, c.defs, c.rings, c.hosts, c.live) {
+		return
+	}
 	var s routesState
+	a.syncRoutes(ctx, &s, true)
+	tick := time.NewTicker(time.Duration(a.cfg.SyncInterval))
+	defer tick.Stop()
+	resync := time.NewTimer(jittered(a.resyncPeriod()))
+	defer resync.Stop()
 	for {
-		a.syncRoutes(ctx, &s)
-		t := time.NewTimer(time.Duration(a.cfg.SyncInterval))
 		select {
 		case <-ctx.Done():
-			t.Stop()
 			return
-		case <-a.routesKick:
-		case <-t.C:
+		case <-defsK:
+		case <-ringsK:
+		case <-hostsK:
+		case <-liveK:
+		case <-tick.C:
+			a.routesKernelTick(ctx, &s)
+			continue
+		case <-resync.C:
+			resync.Reset(jittered(a.resyncPeriod()))
+			a.syncRoutes(ctx, &s, true)
+			continue
 		}
-		t.Stop()
+		a.syncRoutes(ctx, &s, false)
 	}
 }
 
-// planRoutes reads the pools, their rings and the hosts, and plans; it
-// returns the plan, the on-link prefixes it used and the pools' IPv4
-// subnets.
-func (a *Agent) planRoutes(ctx context.Context) (routes.Result, []netip.Prefix, []netip.Prefix, bool) {
-	octx, cancel := a.op(ctx)
-	defer cancel()
-	defs, err := a.alloc.Pools(octx)
-	if err != nil {
-		a.storeError("pools", err)
-		return routes.Result{}, nil, nil, false
+// routesKernelTick re-plans when this host's on-link prefixes changed or
+// the last apply failed, and turns proxy ARP on for bridges that appeared:
+// no store read, nothing planned when nothing local changed.
+func (a *Agent) routesKernelTick(ctx context.Context, s *routesState) {
+	onLink, err := a.rt.OnLink()
+	if err == nil && !slices.Equal(onLink, s.onLink) || s.failed != "" {
+		a.syncRoutes(ctx, s, s.failed != "")
+		return
 	}
+	a.proxyARP(s, s.subnets)
+}
+
+// planRoutes plans from the copies; it returns the plan, the on-link
+// prefixes it used and the pools' IPv4 subnets. It reads nothing from the
+// store.
+func (a *Agent) planRoutes(s *routesState) (routes.Result, []netip.Prefix, []netip.Prefix, bool) {
+	defs, rings := a.caches.defs.Snapshot(), a.caches.rings.Snapshot()
 	var in routes.Input
 	in.Self = a.cfg.Host
 	var names []string
 	var subnets []netip.Prefix
-	for _, d := range defs {
-		ring, err := a.alloc.RingOf(octx, d.Name)
-		if err != nil {
-			a.storeError("ring", err)
+	keep := map[string]decodedRing{}
+	for _, k := range slices.Sorted(maps.Keys(defs.Entries)) {
+		e := defs.Entries[k]
+		if e.Err != nil {
+			a.storeError("pools", e.Err)
 			return routes.Result{}, nil, nil, false
 		}
-		for _, r := range ring.Ranges {
-			if r.Host != "" && !r.Tombstone && r.Host != a.cfg.Host && !slices.Contains(names, r.Host) {
+		d := e.Value
+		re := rings.Entries[pool.RingKeyPrefix+d.Name]
+		dr, ok := s.rings[d.Name]
+		if !ok || dr.defRev != e.ModRevision || dr.ringRev != re.ModRevision {
+			var raw []byte
+			if re.ModRevision != 0 {
+				raw = re.Value
+			}
+			ring, err := pool.DecodeRing(d.Name, d, raw)
+			if err != nil {
+				a.storeError("ring", err)
+				return routes.Result{}, nil, nil, false
+			}
+			dr = decodedRing{defRev: e.ModRevision, ringRev: re.ModRevision, ring: ring}
+		}
+		keep[d.Name] = dr
+		for _, r := range dr.ring.Ranges {
+			if r.Host != "" && r.Host != a.cfg.Host && !slices.Contains(names, r.Host) {
 				names = append(names, r.Host)
 			}
 		}
-		in.Pools = append(in.Pools, routes.Pool{Def: d, Ring: ring})
+		in.Pools = append(in.Pools, routes.Pool{Def: d, Ring: dr.ring})
 		for _, r := range d.Ranges {
 			if r.Subnet.Addr().Is4() && !slices.Contains(subnets, r.Subnet) {
 				subnets = append(subnets, r.Subnet)
 			}
 		}
 	}
-	hosts, err := a.hostsFor(ctx, names, hostsMaxAge)
-	if err != nil {
-		a.storeError("hosts", err)
-		return routes.Result{}, nil, nil, false
-	}
-	in.Hosts = routes.HostsFrom(hosts)
+	s.rings = keep
+	in.Hosts = routes.HostsFrom(a.knownHosts(names))
+	var err error
 	if in.OnLink, err = a.rt.OnLink(); err != nil {
 		a.metrics.routes.WithLabelValues("failed").Set(1)
 		a.log.Warn("routes: reading this host's addresses failed", "err", err)
@@ -125,16 +181,9 @@ func (a *Agent) planRoutes(ctx context.Context) (routes.Result, []netip.Prefix, 
 	return routes.Plan(in), in.OnLink, subnets, true
 }
 
-// syncRoutes plans and, when the plan changed, something failed last time
-// or resyncEvery passed, applies it. Refusals and failures are logged when
-// they change, not on every pass.
-func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
-	plan, onLink, subnets, ok := a.planRoutes(ctx)
-	if !ok {
-		return
-	}
-	// The local side, on every pass: a bridge appears with its first
-	// container, after the agent started.
+// proxyARP turns proxy ARP on for the links of subnets, and logs what
+// changed.
+func (a *Agent) proxyARP(s *routesState, subnets []netip.Prefix) []string {
 	links, err := a.rt.ProxyARP(subnets)
 	if msg := fmt.Sprint(err); err != nil && msg != s.proxyErr {
 		a.log.Warn("routes: turning proxy ARP on for the pools' bridges failed", "err", err)
@@ -146,6 +195,21 @@ func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
 		a.log.Info("routes: proxy ARP for other hosts' addresses", "links", links)
 		s.proxy = links
 	}
+	return links
+}
+
+// syncRoutes plans from the copies and, when the plan changed, the last
+// apply failed or force (a resync), applies it. Refusals and failures are
+// logged when they change, not on every pass.
+func (a *Agent) syncRoutes(ctx context.Context, s *routesState, force bool) {
+	plan, onLink, subnets, ok := a.planRoutes(s)
+	if !ok {
+		return
+	}
+	s.onLink, s.subnets = onLink, subnets
+	// The local side, on every pass: a bridge appears with its first
+	// container, after the agent started.
+	links := a.proxyARP(s, subnets)
 	a.noteIPv6(s, plan.Routes)
 	refused := make([]string, len(plan.Refused))
 	for i, r := range plan.Refused {
@@ -160,7 +224,7 @@ func (a *Agent) syncRoutes(ctx context.Context, s *routesState) {
 	}
 	a.metrics.routes.WithLabelValues("refused").Set(float64(len(plan.Refused)))
 	view := RoutesView{Table: a.routeTable, Routes: plan.Routes, Refused: refused, ProxyARP: links}
-	if slices.Equal(plan.Routes, s.last) && s.failed == "" && !s.synced.IsZero() && a.now().Sub(s.synced) < resyncEvery {
+	if !force && slices.Equal(plan.Routes, s.last) && s.failed == "" && !s.synced.IsZero() {
 		view.Synced = s.synced
 		a.setRoutes(view)
 		a.publishRoutes(ctx, s, plan, onLink, 0, s.synced) // refusals may have changed
@@ -265,33 +329,6 @@ func (a *Agent) setRoutes(v RoutesView) {
 	a.mu.Lock()
 	a.routesView = &v
 	a.mu.Unlock()
-}
-
-// watchPrefix kicks kick whenever a key under prefix changes (etcd only;
-// the poll covers the rest).
-func (a *Agent) watchPrefix(ctx context.Context, prefix string, kick chan<- struct{}) {
-	for ctx.Err() == nil {
-		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		for resp := range a.cli.Watch(wctx, a.prefix+prefix, clientv3.WithPrefix()) {
-			if resp.Err() != nil {
-				break
-			}
-			if prefix == pool.HostRecordKeyPrefix {
-				// A host record changed (a host came, or its --addr
-				// changed): the next plan reads the hosts again
-				// rather than the list cached for hostsMaxAge.
-				a.forgetHosts()
-			}
-			select {
-			case kick <- struct{}{}:
-			default:
-			}
-		}
-		cancel()
-		if sleep(ctx, time.Second) != nil {
-			return
-		}
-	}
 }
 
 // removeRoutes takes every route of the agent out of the kernel and puts

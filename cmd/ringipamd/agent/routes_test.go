@@ -14,6 +14,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/routes"
 	"github.com/ringipam/ringipam/pkg/store/memory"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
 // fakeRouter records what the agent installs.
@@ -78,7 +79,11 @@ func TestAgentRoutes(t *testing.T) {
 	rt := &fakeRouter{onLink: []netip.Prefix{netip.MustParsePrefix("198.18.0.9/24")}}
 	cfg := DefaultConfig()
 	cfg.Host, cfg.Addr = "host-a", "198.18.0.9"
-	cfg.SyncInterval, cfg.Heartbeat, cfg.SweepInterval, cfg.StatusRefresh = 20*1e6, 20*1e6, 20*1e6, 20*1e6
+	cfg.SyncInterval, cfg.SweepInterval, cfg.StatusRefresh = 20*1e6, 20*1e6, 20*1e6
+	// The heartbeat an hour away: it runs once, at start, before any
+	// claim below; only the routes loop's write on change can put the
+	// summary of the claimed space into the host record.
+	cfg.Heartbeat = storeconfig.Duration(time.Hour)
 	cfg.Ingress, cfg.PortmapTable, cfg.Listen = false, "off", "off"
 	cfg.Routes = true
 	a, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), withStore(st), withRouter(rt))
@@ -166,8 +171,8 @@ func TestAgentRoutes(t *testing.T) {
 	}
 	// The summary in host-a's record (what ringctl status reads) is the
 	// routes installed, once the claim is applied: written on change, not
-	// only at the next heartbeat.
-	waitFor(t, "the routes summary in the host record", func() bool {
+	// at the next heartbeat (an hour away).
+	waitFor(t, "the routes summary in the host record, written on change", func() bool {
 		hs, err := a.alloc.Hosts(context.Background(), 0)
 		if err != nil {
 			t.Fatal(err)

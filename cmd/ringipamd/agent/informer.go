@@ -1,0 +1,234 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ringipam/ringipam/pkg/cni/portmap"
+	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/portalloc"
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/watchcache"
+)
+
+// Watch, then apply (docs/DESIGN-NOTES.md): the routes and ingress loops
+// decide from copies of the prefixes they need (package watchcache), never
+// from a read of the store per event. On etcd each copy is listed once and
+// then follows its watch; on a local store (one host) a poll every
+// SyncInterval scans the same prefixes and replaces the copies. Either way
+// the loops wake when a copy changes, and on a resync that replays their
+// decisions from the copies (kernel tables re-applied, nothing read).
+
+// hostView is what the loops use of a host record: its addresses and its
+// orphaned mark (the elected sweeper sets it when it reclaims the host).
+// Other fields (last seen, the routes summary) change without waking
+// anyone.
+type hostView struct {
+	Addr     string
+	Orphaned int64 // Unix seconds; 0: not orphaned, or acknowledged
+}
+
+// ingressHolder is what the ingress loop uses of a published address: who
+// holds it in ingress mode (host-mode bindings change without waking it).
+type ingressHolder struct {
+	Address     portalloc.Address
+	Ingress     string
+	IngressHost string
+}
+
+// caches are the agent's copies; a nil field is a prefix no loop of this
+// agent needs.
+type caches struct {
+	defs  *watchcache.Cache[pool.Def]
+	rings *watchcache.Cache[[]byte]
+	hosts *watchcache.Cache[hostView]
+	live  *watchcache.Cache[struct{}]
+	ports *watchcache.Cache[*ingressHolder] // nil value: a key naming no address
+	own   *watchcache.Cache[string]         // this host's endpoints: portmap marks
+}
+
+func equal[T comparable](x, y T) bool { return x == y }
+
+func sameHolder(x, y *ingressHolder) bool { return x == y || x != nil && y != nil && *x == *y }
+
+// newCaches makes the copies the agent's loops need (none runs yet).
+func (a *Agent) newCaches() *caches {
+	c := &caches{}
+	routes, ingress := a.rt != nil, a.cfg.Ingress
+	logf := func(msg string, args ...any) { a.log.Info(msg, args...) }
+	if routes {
+		c.defs = watchcache.New(watchcache.Config[pool.Def]{Client: a.cli, Trim: a.prefix, Prefix: pool.DefKeyPrefix,
+			Decode: pool.ParseDef, Timeout: time.Duration(a.cfg.Timeout), Log: logf})
+		c.rings = watchcache.New(watchcache.Config[[]byte]{Client: a.cli, Trim: a.prefix, Prefix: pool.RingKeyPrefix,
+			Decode: func(_ string, v []byte) ([]byte, error) { return v, nil }, Timeout: time.Duration(a.cfg.Timeout), Log: logf})
+	}
+	if routes || ingress {
+		c.hosts = watchcache.New(watchcache.Config[hostView]{Client: a.cli, Trim: a.prefix, Prefix: pool.HostRecordKeyPrefix,
+			Decode: func(k string, v []byte) (hostView, error) {
+				h, err := pool.DecodeHostRecord(k, v)
+				if err != nil {
+					return hostView{}, err
+				}
+				hv := hostView{Addr: h.Addr}
+				if !h.OrphanedAt.IsZero() {
+					hv.Orphaned = h.OrphanedAt.Unix()
+				}
+				return hv, nil
+			}, Equal: equal[hostView], Timeout: time.Duration(a.cfg.Timeout), Log: logf})
+		c.live = watchcache.New(watchcache.Config[struct{}]{Client: a.cli, Trim: a.prefix, Prefix: pool.LivenessKeyPrefix,
+			Decode: func(string, []byte) (struct{}, error) { return struct{}{}, nil },
+			Equal:  equal[struct{}], Timeout: time.Duration(a.cfg.Timeout), Log: logf})
+	}
+	if ingress {
+		c.ports = watchcache.New(watchcache.Config[*ingressHolder]{Client: a.cli, Trim: a.prefix, Prefix: portalloc.PublishedKeyPrefix,
+			Decode: func(k string, v []byte) (*ingressHolder, error) {
+				p, ok, err := portalloc.DecodePublished(k, v)
+				if !ok || err != nil {
+					return nil, err
+				}
+				return &ingressHolder{Address: p.Address, Ingress: p.State.Ingress, IngressHost: p.State.IngressHost}, nil
+			}, Equal: sameHolder, Timeout: time.Duration(a.cfg.Timeout), Log: logf})
+	}
+	if a.pm != nil {
+		c.own = watchcache.New(watchcache.Config[string]{Client: a.cli, Trim: a.prefix, Prefix: portalloc.HostIndexPrefix(a.cfg.Host),
+			Decode: func(k string, _ []byte) (string, error) {
+				if _, id, ok := portalloc.DecodeHostIndexKey(k); ok {
+					return portmap.Mark(id), nil
+				}
+				return "", errors.New("not an endpoint's index key")
+			}, Equal: equal[string], Timeout: time.Duration(a.cfg.Timeout), Log: logf})
+	}
+	return c
+}
+
+// runner is one cache as the agent runs it.
+type runner interface {
+	Run(ctx context.Context) error
+	Replace(kvs []watchcache.RawKV, rev int64) bool
+	Prefix() string
+}
+
+func (c *caches) all() []runner {
+	var out []runner
+	if c.defs != nil {
+		out = append(out, c.defs, c.rings)
+	}
+	if c.hosts != nil {
+		out = append(out, c.hosts, c.live)
+	}
+	if c.ports != nil {
+		out = append(out, c.ports)
+	}
+	if c.own != nil {
+		out = append(out, c.own)
+	}
+	return out
+}
+
+// runCaches keeps the copies: on etcd each follows its watch; on a local
+// store one loop scans every prefix every SyncInterval.
+func (a *Agent) runCaches(loop func(func(context.Context))) {
+	rs := a.caches.all()
+	if a.cli != nil {
+		for _, r := range rs {
+			loop(func(ctx context.Context) { _ = r.Run(ctx) })
+		}
+		return
+	}
+	loop(func(ctx context.Context) {
+		for {
+			for _, r := range rs {
+				octx, cancel := a.op(ctx)
+				kvs, err := a.st.Scan(octx, r.Prefix(), store.PrefixEnd(r.Prefix()), 0)
+				cancel()
+				if err != nil {
+					a.storeError("scan "+r.Prefix(), err)
+					continue
+				}
+				raw := make([]watchcache.RawKV, len(kvs))
+				for i, kv := range kvs {
+					raw[i] = watchcache.RawKV{Key: kv.Key, Value: kv.Value, ModRevision: kv.Revision}
+				}
+				r.Replace(raw, 0)
+			}
+			if sleep(ctx, time.Duration(a.cfg.SyncInterval)) != nil {
+				return
+			}
+		}
+	})
+}
+
+// synced waits until every copy in cs holds a listing; false when ctx
+// ended first.
+func synced(ctx context.Context, cs ...interface{ Synced() <-chan struct{} }) bool {
+	for _, c := range cs {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-c.Synced():
+		}
+	}
+	return true
+}
+
+// resyncPeriod is how often the loops replay their decisions from the
+// copies although nothing changed (kernel tables re-applied: hand edits
+// repaired): Resync on etcd; on a local store at least every resyncEvery,
+// as before the copies.
+func (a *Agent) resyncPeriod() time.Duration {
+	if a.cli == nil {
+		return min(time.Duration(a.cfg.Resync), resyncEvery)
+	}
+	return time.Duration(a.cfg.Resync)
+}
+
+// jittered is d plus up to a fifth of it, so that hosts started together
+// do not resync together.
+func jittered(d time.Duration) time.Duration { return d + rand.N(d/5+1) }
+
+// knownHosts are the hosts the copies know (host records and liveness
+// keys, and the names in extra: hosts seen only in a ring), with their
+// state: up while the liveness key exists, else orphaned when the record
+// carries the orphaned mark, else down. A host whose last-seen time passed
+// orphanAfter counts as down until the sweeper marks it.
+func (a *Agent) knownHosts(extra []string) []pool.HostInfo {
+	recs, live := a.caches.hosts.Snapshot(), a.caches.live.Snapshot()
+	byName := map[string]*pool.HostInfo{}
+	info := func(name string) *pool.HostInfo {
+		h, ok := byName[name]
+		if !ok {
+			h = &pool.HostInfo{Name: name, State: pool.HostDown}
+			byName[name] = h
+		}
+		return h
+	}
+	for k, e := range recs.Entries {
+		if e.Err != nil {
+			a.storeError("host-record", e.Err)
+			continue
+		}
+		h := info(strings.TrimPrefix(k, pool.HostRecordKeyPrefix))
+		h.Agent, h.Addr = true, e.Value.Addr
+		if e.Value.Orphaned != 0 {
+			h.State, h.OrphanedAt = pool.HostOrphaned, time.Unix(e.Value.Orphaned, 0)
+		}
+	}
+	for k := range live.Entries {
+		if name, ok := pool.LivenessKeyHost(k); ok {
+			info(name).State = pool.HostUp
+		}
+	}
+	for _, n := range extra {
+		info(n)
+	}
+	out := make([]pool.HostInfo, 0, len(byName))
+	for _, h := range byName {
+		out = append(out, *h)
+	}
+	slices.SortFunc(out, func(x, y pool.HostInfo) int { return strings.Compare(x.Name, y.Name) })
+	return out
+}

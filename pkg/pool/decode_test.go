@@ -1,0 +1,95 @@
+package pool_test
+
+import (
+	"context"
+	"net/netip"
+	"reflect"
+	"testing"
+
+	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/memory"
+)
+
+// What the decoders make of the raw keys is what the Allocator's own reads
+// return: definitions (Pools), rings (RingOf), host records (Hosts, but
+// for what the record does not hold) and liveness keys.
+func TestDecodersAgreeWithTheReads(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	def := pool.Def{Name: "p", Ranges: []pool.Range{{Subnet: netip.MustParsePrefix("198.18.8.0/24")}}}
+	for _, h := range []string{"host-a", "host-b"} {
+		a, err := pool.New(st, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := a.Allocate(ctx, pool.Request{Owner: pool.Owner{Kind: pool.KindCNI, Network: "n", ContainerID: h, IfName: "eth0"},
+			Defs: []pool.Def{def}, Wants: []pool.Want{{Pool: "p", Role: pool.RoleIP}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, _ := pool.New(st, "host-b")
+	if _, err := b.Heartbeat(ctx, "198.18.0.2,fd00::2", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Commit(ctx, nil, []store.Op{store.Put(pool.LivenessKey("host-b"), []byte("{}"))}); err != nil {
+		t.Fatal(err)
+	}
+	scan := func(prefix string) []store.KV {
+		kvs, err := st.Scan(ctx, prefix, store.PrefixEnd(prefix), 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kvs
+	}
+	defs, err := b.Pools(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvs := scan(pool.DefKeyPrefix)
+	if len(kvs) != 1 {
+		t.Fatalf("definitions %v", kvs)
+	}
+	d, err := pool.ParseDef(kvs[0].Key, kvs[0].Value)
+	if err != nil || !reflect.DeepEqual(d, defs[0]) {
+		t.Fatalf("ParseDef %+v, %v; Pools %+v", d, err, defs[0])
+	}
+	ring, err := b.RingOf(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rk := scan(pool.RingKeyPrefix)
+	got, err := pool.DecodeRing("p", d, rk[0].Value)
+	if err != nil || !reflect.DeepEqual(got, ring) {
+		t.Fatalf("DecodeRing %+v, %v; RingOf %+v", got, err, ring)
+	}
+	if empty, err := pool.DecodeRing("p", d, nil); err != nil || len(empty.Ranges) == 0 || empty.Ranges[0].Host != "" {
+		t.Fatalf("no ring yet: %+v, %v", empty, err)
+	}
+	infos, err := b.Hosts(ctx, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := scan(pool.HostRecordKeyPrefix)
+	if len(recs) != 1 {
+		t.Fatalf("host records %v", recs)
+	}
+	h, err := pool.DecodeHostRecord(recs[0].Key, recs[0].Value)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range infos {
+		if want.Name != "host-b" {
+			continue
+		}
+		if h.Name != want.Name || h.Addr != want.Addr || h.Agent != want.Agent || !h.OrphanedAt.Equal(want.OrphanedAt) || h.Addr != "198.18.0.2,fd00::2" {
+			t.Fatalf("DecodeHostRecord %+v; Hosts %+v", h, want)
+		}
+	}
+	if _, err := pool.DecodeHostRecord(recs[0].Key, []byte("{")); err == nil {
+		t.Fatal("a corrupt record decoded")
+	}
+	if name, ok := pool.LivenessKeyHost(scan(pool.LivenessKeyPrefix)[0].Key); !ok || name != "host-b" {
+		t.Fatalf("LivenessKeyHost %q %v", name, ok)
+	}
+}
