@@ -165,7 +165,7 @@ func (r *addrRead) state() AddrState {
 type layoutFault int
 
 const (
-	faultNone        layoutFault = iota
+	faultNone       layoutFault = iota
 	faultNoAbsent               // no AbsentRange over p/h/ (new ingress holder, marker removed)
 	faultNoMarker               // a first host binding writes no marker
 	faultNoAddrCond             // a host-mode commit forgets p/a/ as read
