@@ -93,6 +93,7 @@ type Allocator struct {
 	timeout time.Duration
 	indexed atomic.Bool // p/x was seen: the hosts' index is complete
 	fault   layoutFault // tests only: a broken layout rule
+	rules   Rules       // AllRules; tests switch one off
 }
 
 // Option configures an Allocator.
@@ -109,7 +110,7 @@ func New(st store.Store, host string, opts ...Option) (*Allocator, error) {
 	if host == "" || strings.ContainsAny(host, "/ \x00") {
 		return nil, fmt.Errorf("%w: host %q", ErrInvalid, host)
 	}
-	a := &Allocator{st: st, host: host, lo: DefaultLo, hi: DefaultHi, policy: retry.Default, timeout: 30 * time.Second}
+	a := &Allocator{st: st, host: host, lo: DefaultLo, hi: DefaultHi, policy: retry.Default, timeout: 30 * time.Second, rules: AllRules}
 	for _, o := range opts {
 		o(a)
 	}
@@ -200,7 +201,7 @@ func (a *Allocator) allocate(ctx context.Context, id EndpointID, spec []Port, gu
 		if err := v.prefetch(addrs); err != nil {
 			return err
 		}
-		res, err := Plan(v, Request{Endpoint: me, Host: a.host, Old: old, Spec: spec, Lo: a.lo, Hi: a.hi, Start: a.start(me), Rules: AllRules})
+		res, err := Plan(v, Request{Endpoint: me, Host: a.host, Old: old, Spec: spec, Lo: a.lo, Hi: a.hi, Start: a.start(me), Rules: a.rules})
 		if err != nil {
 			return err
 		}
@@ -396,8 +397,10 @@ func (a *Allocator) start(me string) uint16 {
 // its p/a/ record and the p/h/ keys of hosts (the request's host, and the
 // endpoint's old one when it moves); the other hosts' bindings are looked
 // up (one scan, at most len(hosts)+1 keys) only where a decision needs
-// them: an ingress entry's static address (scanFor), and a marker that may
-// go (see allocate). Elsewhere the marker stands for them.
+// them: an ingress entry's static address (scanFor), and a marked address
+// the view hosts bind (the marker may be theirs alone: a release may
+// remove it, and an ingress entry of the same request may take it).
+// Elsewhere the marker stands for them.
 type storeView struct {
 	ctx     context.Context
 	st      store.Store
@@ -495,7 +498,7 @@ func (v *storeView) State(a Address) (AddrState, error) {
 	if err := v.prefetch([]Address{a}); err != nil {
 		return AddrState{}, err
 	}
-	if r := v.reads[a]; r.marked && v.scanFor[a] {
+	if r := v.reads[a]; r.marked && (v.scanFor[a] || len(r.bound) > 0) {
 		if err := v.others(a); err != nil {
 			return AddrState{}, err
 		}
@@ -510,8 +513,9 @@ const scanPage = 128
 // number with no key is free unless free says otherwise; held numbers are
 // judged by free on their state (a marked one with the view hosts'
 // bindings, read in one Get per page; the marker stands for the other
-// hosts'). Cost: one scan, and at most one Get, per scanPage held numbers
-// passed, whatever the number of hosts.
+// hosts', looked up only where the view hosts bind the number too). Cost:
+// one scan, and at most one Get, per scanPage held numbers passed, and one
+// small scan per number the view hosts bind, whatever the number of hosts.
 func (v *storeView) NextFree(protocol string, lo, hi, from uint16, free func(uint16, AddrState) bool) (uint16, bool, error) {
 	for _, r := range [][2]uint16{{from, hi}, {lo, from - 1}} {
 		if from == lo && r[0] == lo && r[1] == from-1 || r[0] > r[1] {
@@ -532,6 +536,13 @@ func (v *storeView) known(protocol string, n uint16) (AddrState, error) {
 	a := Address{protocol, n}
 	if _, ok := v.reads[a]; !ok {
 		if err := v.enter(a, store.KV{Key: addrKey(a)}, nil); err != nil {
+			return AddrState{}, err
+		}
+	}
+	if r := v.reads[a]; r.marked && len(r.bound) > 0 {
+		// The marker may be the view hosts' own (bindings this request
+		// may release): look whether another host has one.
+		if err := v.others(a); err != nil {
 			return AddrState{}, err
 		}
 	}
