@@ -58,7 +58,10 @@ func parseHostBindKey(key string) (Address, string, bool) {
 		return Address{}, "", false
 	}
 	a, ok := addressOfKey(prefixAddr + rest[:i])
-	return a, rest[i+1:], ok
+	if !ok || hostBindKey(a, rest[i+1:]) != key {
+		return Address{}, "", false // not a key this package writes
+	}
+	return a, rest[i+1:], true
 }
 
 // decodeBindings reads a p/h/ value as the host uses of host (absent: none).
