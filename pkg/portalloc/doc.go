@@ -113,8 +113,10 @@
 // port there may bind it again (only while both versions run on one host,
 // for calls in flight across the binary's replacement), and an old plugin
 // releasing an endpoint whose user its host's new code moved meanwhile
-// leaves the binding (Audit reports it leaked, Tidy releases it). A
-// downgrade after p/h/ is in use has the same limits.
+// leaves the binding (Audit reports it leaked, Tidy releases it), as does
+// an old sweep reclaiming a gone host whose new code moved its bindings.
+// An old Audit reports the marker as a leaked host user. A downgrade after
+// p/h/ is in use has the same limits.
 //
 // # Cost
 //
