@@ -1,11 +1,13 @@
 package portalloc
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -90,6 +92,8 @@ type Allocator struct {
 	policy  retry.Policy
 	timeout time.Duration
 	indexed atomic.Bool // p/x was seen: the hosts' index is complete
+	fault   layoutFault // tests only: a broken layout rule
+	rules   Rules       // AllRules; tests switch one off
 }
 
 // Option configures an Allocator.
@@ -106,7 +110,7 @@ func New(st store.Store, host string, opts ...Option) (*Allocator, error) {
 	if host == "" || strings.ContainsAny(host, "/ \x00") {
 		return nil, fmt.Errorf("%w: host %q", ErrInvalid, host)
 	}
-	a := &Allocator{st: st, host: host, lo: DefaultLo, hi: DefaultHi, policy: retry.Default, timeout: 30 * time.Second}
+	a := &Allocator{st: st, host: host, lo: DefaultLo, hi: DefaultHi, policy: retry.Default, timeout: 30 * time.Second, rules: AllRules}
 	for _, o := range opts {
 		o(a)
 	}
@@ -151,7 +155,7 @@ func (a *Allocator) allocate(ctx context.Context, id EndpointID, spec []Port, gu
 	err := retry.Do(ctx, a.policy, func(err error) bool {
 		return errors.Is(err, store.ErrConflict) || errors.Is(err, store.ErrUnavailable) && ctx.Err() == nil
 	}, func(int) error {
-		v := &storeView{ctx: ctx, st: a.st, kvs: map[string]store.KV{}}
+		v := newStoreView(ctx, a.st)
 		keys := []string{endpointKey(id)}
 		if guard != nil {
 			for _, c := range guard.conds {
@@ -178,50 +182,61 @@ func (a *Allocator) allocate(ctx context.Context, id EndpointID, spec []Port, gu
 				return nil
 			}
 		}
+		// The hosts whose bindings the request touches: this one, and the
+		// endpoint's old host when it moves (or is reclaimed).
+		v.hosts = []string{a.host}
+		if old.Host != "" && old.Host != a.host && !strings.ContainsAny(old.Host, "/\x00") {
+			v.hosts = append(v.hosts, old.Host)
+		}
 		// One read for every address the plan will look at first.
-		keys = keys[:0]
-		for _, p := range append(old.Ports, spec...) {
+		var addrs []Address
+		for _, p := range append(slices.Clone(old.Ports), spec...) {
 			if p.Number != 0 {
-				keys = append(keys, addrKey(p.addr()))
+				addrs = append(addrs, p.addr())
+			}
+			if p.Number != 0 && p.Mode == Ingress {
+				v.scanFor[p.addr()] = true
 			}
 		}
-		if err := v.prefetch(keys); err != nil {
+		if err := v.prefetch(addrs); err != nil {
 			return err
 		}
-		res, err := Plan(v, Request{Endpoint: me, Host: a.host, Old: old, Spec: spec, Lo: a.lo, Hi: a.hi, Start: a.start(me), Rules: AllRules})
+		res, err := Plan(v, Request{Endpoint: me, Host: a.host, Old: old, Spec: spec, Lo: a.lo, Hi: a.hi, Start: a.start(me), Rules: a.rules})
 		if err != nil {
 			return err
 		}
 		rec := Endpoint{Kind: Kind, Host: a.host, Spec: spec, Ports: res.Ports}
-		if unchanged(v, res.Changes) && (len(spec) == 0 && !epKV.Exists() || epKV.Exists() && sameEndpoint(old, rec)) {
+		var conds []store.Cond
+		var ops []store.Op
+		for _, addr := range slices.SortedFunc(maps.Keys(res.Changes), compareAddr) {
+			r, ok := v.reads[addr]
+			if !ok {
+				return fmt.Errorf("port %s changed without being read", addr)
+			}
+			if r.marked && !r.scanned && !boundOn(res.Changes[addr], v.hosts) {
+				// The view hosts keep no binding here: the marker goes
+				// unless another host has one.
+				if err := v.others(addr); err != nil {
+					return err
+				}
+			}
+			c, o := r.writes(addr, res.Changes[addr], v.hosts, a.fault)
+			conds, ops = append(conds, c...), append(ops, o...)
+		}
+		if len(ops) == 0 && (len(spec) == 0 && !epKV.Exists() || epKV.Exists() && sameEndpoint(old, rec)) {
 			out = res // a repeated request: nothing to write
 			return nil
 		}
-		conds := []store.Cond{store.Unchanged(epKV)}
+		conds = append(conds, store.Unchanged(epKV))
 		if guard != nil {
 			conds = append(conds, guard.conds...)
 		}
 		// The host's index follows the record in the same commit.
-		var ops []store.Op
 		if epKV.Exists() && old.Host != "" && (len(spec) == 0 || old.Host != a.host) {
 			ops = append(ops, store.Delete(hostIndexKey(old.Host, id)))
 		}
 		if len(spec) > 0 {
 			ops = append(ops, store.Put(hostIndexKey(a.host, id), []byte{}))
-		}
-		for addr, st := range res.Changes {
-			key := addrKey(addr)
-			kv, ok := v.kvs[key]
-			if !ok {
-				return fmt.Errorf("port %s changed without being read", addr)
-			}
-			conds = append(conds, store.Unchanged(kv))
-			if st.empty() {
-				ops = append(ops, store.Delete(key))
-			} else {
-				b, _ := json.Marshal(st)
-				ops = append(ops, store.Put(key, b))
-			}
 		}
 		if len(spec) == 0 {
 			ops = append(ops, store.Delete(endpointKey(id)))
@@ -264,15 +279,13 @@ func decodeEndpoint(id EndpointID, kv store.KV) (Endpoint, error) {
 	return e, nil
 }
 
-// unchanged reports whether every change leaves its address as read.
-func unchanged(v *storeView, changes map[Address]AddrState) bool {
-	for addr, st := range changes {
-		cur, err := decodeState(v.kvs[addrKey(addr)])
-		if err != nil || !sameState(cur, st) {
-			return false
-		}
-	}
-	return true
+// boundOn reports whether s keeps a host binding on one of hosts.
+func boundOn(s AddrState, hosts []string) bool {
+	return slices.ContainsFunc(s.Hosts, func(u HostUse) bool { return slices.Contains(hosts, u.Host) })
+}
+
+func compareAddr(x, y Address) int {
+	return cmp.Or(strings.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Number, y.Number))
 }
 
 func sameState(a, b AddrState) bool {
@@ -302,23 +315,71 @@ type Published struct {
 	State   AddrState
 }
 
-// List returns every published address, by protocol and number.
+// List returns every published address with all its holders, by protocol
+// and number: the ingress holder, and every host's host-mode bindings
+// (p/h/, and old-format users still listed in p/a/). It reads the whole of
+// p/a/ and p/h/ (ringctl ports); what forwards ingress ports needs only
+// Ingresses.
 func (a *Allocator) List(ctx context.Context) ([]Published, error) {
+	out, err := a.scanAddresses(ctx)
+	if err != nil {
+		return nil, err
+	}
+	kvs, err := a.st.Scan(ctx, prefixHostBind, store.PrefixEnd(prefixHostBind), 0)
+	if err != nil {
+		return nil, err
+	}
+	at := map[Address]int{}
+	for i, p := range out {
+		at[p.Address] = i
+	}
+	for _, kv := range kvs {
+		addr, host, ok := parseHostBindKey(kv.Key)
+		if !ok {
+			continue
+		}
+		us, err := decodeBindings(kv, host)
+		if err != nil {
+			return nil, err
+		}
+		i, ok := at[addr]
+		if !ok {
+			i = len(out)
+			at[addr] = i
+			out = append(out, Published{Address: addr})
+		}
+		out[i].State.Hosts = append(out[i].State.Hosts, us...)
+	}
+	slices.SortFunc(out, func(x, y Published) int { return compareAddr(x.Address, y.Address) })
+	return out, nil
+}
+
+// Ingresses returns every address held in ingress mode, by protocol and
+// number, from one scan of p/a/ (whose size does not grow with the hosts
+// that bind host-mode ports): what the agents forward.
+func (a *Allocator) Ingresses(ctx context.Context) ([]Published, error) {
+	all, err := a.scanAddresses(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(all, func(p Published) bool { return p.State.Ingress == "" }), nil
+}
+
+// scanAddresses decodes every p/a/ key (decodeAddress).
+func (a *Allocator) scanAddresses(ctx context.Context) ([]Published, error) {
 	kvs, err := a.st.Scan(ctx, prefixAddr, store.PrefixEnd(prefixAddr), 0)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Published, 0, len(kvs))
 	for _, kv := range kvs {
-		addr, ok := addressOfKey(kv.Key)
-		if !ok {
-			continue
+		p, ok, err := decodeAddress(kv)
+		if err != nil {
+			return nil, err
 		}
-		p := Published{Address: addr}
-		if err := json.Unmarshal(kv.Value, &p.State); err != nil {
-			return nil, fmt.Errorf("%s: corrupt: %w", kv.Key, err)
+		if ok {
+			out = append(out, p)
 		}
-		out = append(out, p)
 	}
 	return out, nil
 }
@@ -332,56 +393,129 @@ func (a *Allocator) start(me string) uint16 {
 }
 
 // storeView is the Plan's View over the store: addresses read once and
-// kept, with their revisions for the commit's conditions.
+// kept, with their revisions for the commit's conditions. Each address is
+// its p/a/ record and the p/h/ keys of hosts (the request's host, and the
+// endpoint's old one when it moves); the other hosts' bindings are looked
+// up (one scan, at most len(hosts)+1 keys) only where a decision needs
+// them: an ingress entry's static address (scanFor), and a marked address
+// the view hosts bind (the marker may be theirs alone: a release may
+// remove it, and an ingress entry of the same request may take it).
+// Elsewhere the marker stands for them.
 type storeView struct {
-	ctx context.Context
-	st  store.Store
-	kvs map[string]store.KV
+	ctx     context.Context
+	st      store.Store
+	hosts   []string
+	scanFor map[Address]bool
+	reads   map[Address]*addrRead
 }
 
-func (v *storeView) prefetch(keys []string) error {
-	var missing []string
-	for _, k := range keys {
-		if _, ok := v.kvs[k]; !ok {
-			missing = append(missing, k)
+func newStoreView(ctx context.Context, st store.Store) *storeView {
+	return &storeView{ctx: ctx, st: st, scanFor: map[Address]bool{}, reads: map[Address]*addrRead{}}
+}
+
+// prefetch reads every address of addrs not read yet, in one Get.
+func (v *storeView) prefetch(addrs []Address) error {
+	var missing []Address
+	var keys []string
+	for _, a := range addrs {
+		if _, ok := v.reads[a]; ok || slices.Contains(missing, a) {
+			continue
+		}
+		missing = append(missing, a)
+		keys = append(keys, addrKey(a))
+		for _, h := range v.hosts {
+			keys = append(keys, hostBindKey(a, h))
 		}
 	}
 	if len(missing) == 0 {
 		return nil
 	}
-	got, err := v.st.Get(v.ctx, missing...)
+	got, err := v.st.Get(v.ctx, keys...)
 	if err != nil {
 		return err
 	}
-	for _, kv := range got {
-		v.kvs[kv.Key] = kv
+	n := 1 + len(v.hosts)
+	for i, a := range missing {
+		if err := v.enter(a, got[i*n], got[i*n+1:(i+1)*n]); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-func decodeState(kv store.KV) (AddrState, error) {
-	var s AddrState
-	if kv.Exists() {
-		if err := json.Unmarshal(kv.Value, &s); err != nil {
-			return AddrState{}, fmt.Errorf("%s: corrupt: %w", kv.Key, err)
-		}
+// enter records what was read of a: its p/a/ KV and the view hosts' p/h/
+// KVs (nil: absent, as the marker's absence says).
+func (v *storeView) enter(a Address, kv store.KV, hostKVs []store.KV) error {
+	s, err := decodeState(kv)
+	if err != nil {
+		return err
 	}
-	return s, nil
+	r := &addrRead{kv: kv, rec: s}
+	r.legacy, r.marked = splitMarker(s)
+	for i, h := range v.hosts {
+		hkv := store.KV{Key: hostBindKey(a, h)}
+		if hostKVs != nil {
+			hkv = hostKVs[i]
+		}
+		us, err := decodeBindings(hkv, h)
+		if err != nil {
+			return err
+		}
+		r.hostKVs = append(r.hostKVs, hkv)
+		r.bound = append(r.bound, us...)
+	}
+	v.reads[a] = r
+	return nil
+}
+
+// others looks up one binding of a host other than the view's under p/h/
+// (one scan), once per address.
+func (v *storeView) others(a Address) error {
+	r := v.reads[a]
+	if r.scanned {
+		return nil
+	}
+	prefix := hostBindPrefix(a)
+	kvs, err := v.st.Scan(v.ctx, prefix, store.PrefixEnd(prefix), len(v.hosts)+1)
+	if err != nil {
+		return err
+	}
+	for _, kv := range kvs {
+		_, host, ok := parseHostBindKey(kv.Key)
+		if !ok || slices.Contains(v.hosts, host) {
+			continue
+		}
+		if r.others, err = decodeBindings(kv, host); err != nil {
+			return err
+		}
+		break
+	}
+	r.scanned = true
+	return nil
 }
 
 func (v *storeView) State(a Address) (AddrState, error) {
-	if err := v.prefetch([]string{addrKey(a)}); err != nil {
+	if err := v.prefetch([]Address{a}); err != nil {
 		return AddrState{}, err
 	}
-	return decodeState(v.kvs[addrKey(a)])
+	if r := v.reads[a]; r.marked && (v.scanFor[a] || len(r.bound) > 0) {
+		if err := v.others(a); err != nil {
+			return AddrState{}, err
+		}
+	}
+	return v.reads[a].state(), nil
 }
 
 // scanPage is how many held numbers one scan of a dynamic search reads.
 const scanPage = 128
 
-// NextFree walks [from, hi] then [lo, from) with ordered scans: a number
-// with no key is free unless free says otherwise; held numbers are judged
-// by free on their state. Cost: one scan per scanPage held numbers passed.
+// NextFree walks [from, hi] then [lo, from) with ordered scans of p/a/: a
+// number with no key is free unless free says otherwise; held numbers are
+// judged by free on their state (a marked one with the view hosts'
+// bindings, read in one Get per page; the marker stands for the other
+// hosts', looked up only where the view hosts bind the number too). Cost:
+// one scan, and at most one Get, per scanPage held numbers passed, and one
+// small scan per number the view hosts bind, whatever the number of hosts.
 func (v *storeView) NextFree(protocol string, lo, hi, from uint16, free func(uint16, AddrState) bool) (uint16, bool, error) {
 	for _, r := range [][2]uint16{{from, hi}, {lo, from - 1}} {
 		if from == lo && r[0] == lo && r[1] == from-1 || r[0] > r[1] {
@@ -395,6 +529,51 @@ func (v *storeView) NextFree(protocol string, lo, hi, from uint16, free func(uin
 	return 0, false, nil
 }
 
+// known returns the state of number n of protocol for a walk: as read, or
+// (no p/a/ key) free of holders, with the view hosts' p/h/ keys absent as
+// the marker's absence says.
+func (v *storeView) known(protocol string, n uint16) (AddrState, error) {
+	a := Address{protocol, n}
+	if _, ok := v.reads[a]; !ok {
+		if err := v.enter(a, store.KV{Key: addrKey(a)}, nil); err != nil {
+			return AddrState{}, err
+		}
+	}
+	if r := v.reads[a]; r.marked && len(r.bound) > 0 {
+		// The marker may be the view hosts' own (bindings this request
+		// may release): look whether another host has one.
+		if err := v.others(a); err != nil {
+			return AddrState{}, err
+		}
+	}
+	return v.reads[a].state(), nil
+}
+
+// page enters the p/a/ KVs of one scan: the marked ones with their view
+// hosts' p/h/ keys (one Get), the others as their unmarked record says.
+func (v *storeView) page(kvs []store.KV) error {
+	var marked []Address
+	for _, kv := range kvs {
+		a, ok := addressOfKey(kv.Key)
+		if !ok {
+			continue
+		}
+		if _, seen := v.reads[a]; seen {
+			continue
+		}
+		s, err := decodeState(kv)
+		if err != nil {
+			return err
+		}
+		if _, m := splitMarker(s); m {
+			marked = append(marked, a)
+		} else if err := v.enter(a, kv, nil); err != nil {
+			return err
+		}
+	}
+	return v.prefetch(marked)
+}
+
 func (v *storeView) walk(protocol string, from, to uint16, free func(uint16, AddrState) bool) (uint16, bool, error) {
 	cur := int(from)
 	for cur <= int(to) {
@@ -402,40 +581,31 @@ func (v *storeView) walk(protocol string, from, to uint16, free func(uint16, Add
 		if err != nil {
 			return 0, false, err
 		}
+		if err := v.page(kvs); err != nil {
+			return 0, false, err
+		}
 		for _, kv := range kvs {
-			var n int
-			if _, err := fmt.Sscanf(strings.TrimPrefix(kv.Key, addrPrefix(protocol)), "%d", &n); err != nil {
+			a, ok := addressOfKey(kv.Key)
+			if !ok || a.Protocol != protocol {
 				continue
 			}
-			for ; cur < n; cur++ {
-				k := addrKey(Address{protocol, uint16(cur)})
-				if _, seen := v.kvs[k]; !seen {
-					v.kvs[k] = store.KV{Key: k}
+			n := int(a.Number)
+			for ; cur <= n; cur++ {
+				st, err := v.known(protocol, uint16(cur))
+				if err != nil {
+					return 0, false, err
 				}
-				st, _ := decodeState(v.kvs[k])
 				if free(uint16(cur), st) {
 					return uint16(cur), true, nil
 				}
 			}
-			if _, seen := v.kvs[kv.Key]; !seen {
-				v.kvs[kv.Key] = kv
-			}
-			st, err := decodeState(v.kvs[kv.Key])
-			if err != nil {
-				return 0, false, err
-			}
-			if free(uint16(n), st) {
-				return uint16(n), true, nil
-			}
-			cur = n + 1
 		}
 		if len(kvs) < scanPage {
 			for ; cur <= int(to); cur++ {
-				k := addrKey(Address{protocol, uint16(cur)})
-				if _, seen := v.kvs[k]; !seen {
-					v.kvs[k] = store.KV{Key: k}
+				st, err := v.known(protocol, uint16(cur))
+				if err != nil {
+					return 0, false, err
 				}
-				st, _ := decodeState(v.kvs[k])
 				if free(uint16(cur), st) {
 					return uint16(cur), true, nil
 				}
@@ -483,20 +653,17 @@ func (a *Allocator) Verify(ctx context.Context, id EndpointID) (e Endpoint, ok b
 	if !recordFits(e) {
 		findings = append(findings, fmt.Sprintf("endpoint %s: stored ports %v do not fit its stored spec %v", id, e.Ports, e.Spec))
 	}
-	keys := make([]string, len(e.Ports))
-	for i, p := range e.Ports {
-		keys[i] = addrKey(p.addr())
+	v := newStoreView(ctx, a.st)
+	v.hosts = []string{e.Host}
+	var addrs []Address
+	for _, p := range e.Ports {
+		addrs = append(addrs, p.addr())
 	}
-	kvs, err := a.st.Get(ctx, keys...)
-	if err != nil {
+	if err := v.prefetch(addrs); err != nil {
 		return e, ok, nil, err
 	}
-	for i, p := range e.Ports {
-		s, err := decodeState(kvs[i])
-		if err != nil {
-			return e, ok, nil, err
-		}
-		if !lists(s, id.String(), p, e.Host) {
+	for _, p := range e.Ports {
+		if !lists(v.reads[p.addr()].state(), id.String(), p, e.Host) {
 			findings = append(findings, fmt.Sprintf("endpoint %s claims %s %s, which its address does not list", id, p.Mode, p.addr()))
 		}
 	}

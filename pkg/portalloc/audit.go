@@ -106,11 +106,14 @@ func clash(addr Address, a, b holding) string {
 }
 
 // Audit reads every endpoint record and every published address of the
-// store, in one read at one revision, and returns each broken invariant
+// store (p/a/ and the host-mode bindings of p/h/), in one read at one
+// revision, and returns each broken invariant
 // (the Inv* constants), sorted; nil when there is none. It changes
 // nothing. h says what is known of the holders beyond the port records
-// (InvHolder); keys under p/ other than endpoints and addresses (indexes)
-// are not its business.
+// (InvHolder); keys under p/ other than endpoints, addresses and bindings
+// (indexes) are not its business. A binding under p/h/ whose address's
+// p/a/ record lacks the marker is an InvRecords finding; a marker with no
+// binding left (stale) is harmless and not one (Tidy removes it).
 func Audit(ctx context.Context, st store.Store, h Holders) ([]Finding, error) {
 	kvs, err := st.Scan(ctx, "p/", store.PrefixEnd("p/"), 0)
 	if err != nil {
@@ -122,7 +125,9 @@ func Audit(ctx context.Context, st store.Store, h Holders) ([]Finding, error) {
 	}
 	records := map[string]Endpoint{} // by endpoint (EndpointID.String())
 	ids := map[string]EndpointID{}
-	states := map[Address]AddrState{}
+	states := map[Address]AddrState{} // holders: p/a/'s, then p/h/'s
+	marked := map[Address]bool{}      // p/a/ carries the marker
+	bound := map[Address]bool{}       // p/h/ holds a binding
 	for _, kv := range kvs {
 		switch {
 		case strings.HasPrefix(kv.Key, prefixEndpoint):
@@ -148,7 +153,32 @@ func Audit(ctx context.Context, st store.Store, h Holders) ([]Finding, error) {
 				bad(InvCorrupt, "%v", err)
 				continue
 			}
+			var m bool
+			s.Hosts, m = splitMarker(s)
+			s.Hosts = append(s.Hosts, states[addr].Hosts...)
+			states[addr], marked[addr] = s, m
+		case strings.HasPrefix(kv.Key, prefixHostBind):
+			addr, host, ok := parseHostBindKey(kv.Key)
+			if !ok {
+				bad(InvCorrupt, "key %s names no address and host", kv.Key)
+				continue
+			}
+			us, err := decodeBindings(kv, host)
+			if err != nil {
+				bad(InvCorrupt, "%v", err)
+				continue
+			}
+			s := states[addr]
+			s.Hosts = append(s.Hosts, us...)
 			states[addr] = s
+			if len(us) > 0 {
+				bound[addr] = true
+			}
+		}
+	}
+	for addr := range bound {
+		if !marked[addr] {
+			bad(InvRecords, "%s has host-mode bindings under p/h/ but its p/a/ record lacks the marker: an older ringipam would publish it in ingress mode (ringctl gc writes it)", addr)
 		}
 	}
 
@@ -164,6 +194,9 @@ func Audit(ctx context.Context, st store.Store, h Holders) ([]Finding, error) {
 		}
 	}
 	for addr, s := range states {
+		if s.empty() {
+			continue
+		}
 		if s.Ingress != "" {
 			if e, ok := records[s.Ingress]; !ok || !claims(e, Port{Mode: Ingress, Protocol: addr.Protocol, Number: addr.Number}) {
 				bad(InvRecords, "%s is held in ingress mode by %s, whose record does not claim it (leaked)", addr, s.Ingress)

@@ -58,11 +58,11 @@ func TestAudit(t *testing.T) {
 	// Ingress and host mode on one address; two overlapping bindings on
 	// one host.
 	put(addrKey(Address{"tcp", 5050}), AddrState{Ingress: "port/net/a/eth0", IngressHost: "h1", Hosts: []HostUse{{Host: "h2", Endpoint: "port/net/b/eth0"}}})
-	put(addrKey(Address{"udp", 53}), AddrState{Hosts: []HostUse{
-		{Host: "h1", IP: netip.MustParseAddr("198.18.0.1"), Endpoint: "port/net/dns/eth0"},
-		{Host: "h2", Endpoint: "port/net/dns2/eth0"},
-		{Host: "h2", IP: netip.MustParseAddr("198.18.0.2"), Endpoint: "port/net/dns3/eth0"},
-	}})
+	// (Host-mode bindings are kept per host: h2's key of udp/53.)
+	put(hostBindKey(Address{"udp", 53}, "h2"), []binding{
+		{Endpoint: "port/net/dns2/eth0"},
+		{IP: netip.MustParseAddr("198.18.0.2"), Endpoint: "port/net/dns3/eth0"},
+	})
 	// Unreadable keys.
 	put(addrKey(Address{"tcp", 4040}), []byte("{not json"))
 	put("p/a/tcp/notanumber", AddrState{Ingress: "port/net/a/eth0"})

@@ -199,7 +199,9 @@ func TestReleaseHostReadsOnlyTheGoneHostsEndpoints(t *testing.T) {
 			t.Fatalf("with %d endpoints of other hosts: released %d %v, want 4", others, len(rel), err)
 		}
 		for _, p := range st.scanned {
-			if !strings.HasPrefix(p, hostIndexPrefix("gone", "")) {
+			// The gone host's index, and the other hosts' bindings of its
+			// ports (does another host keep the marker? a scan of a few keys).
+			if !strings.HasPrefix(p, hostIndexPrefix("gone", "")) && !strings.HasPrefix(p, prefixHostBind+"tcp/0700") {
 				t.Errorf("with %d endpoints of other hosts: the sweep scanned from %q, outside the gone host's index", others, p)
 			}
 		}

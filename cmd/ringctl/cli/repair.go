@@ -304,7 +304,9 @@ func (c *Ctl) endpointsOf(ctx context.Context, host string) ([]endpoint, error) 
 
 // GC reclaims every orphaned host (down longer than OrphanAfter) with its
 // published ports, removes the keys of holds whose time has ended, compacts
-// the address history and repairs the hosts' index of their owners.
+// the address history, repairs the hosts' index of their owners and tidies
+// the host-mode ports (portalloc.Tidy: old-format users moved to their
+// host's key, markers right, leaked bindings released).
 func (c *Ctl) GC(ctx context.Context, dry bool) (Actions, error) {
 	out := Actions{DryRun: dry, Actions: []Action{}}
 	plans, err := c.Pool.PlanSweep(ctx, c.OrphanAfter)
@@ -344,8 +346,11 @@ func (c *Ctl) GC(ctx context.Context, dry bool) (Actions, error) {
 	if err := c.reindex(ctx, dry, &out); err != nil {
 		return out, err
 	}
+	if err := c.tidyPorts(ctx, dry, &out); err != nil {
+		return out, err
+	}
 	if len(out.Actions) == 0 {
-		out.note("nothing to collect: no orphaned host (orphanAfter %s), no ended hold, no history beyond %d events per address, every host's index of its owners and of its port endpoints exact", c.OrphanAfter, pool.HistoryKeep)
+		out.note("nothing to collect: no orphaned host (orphanAfter %s), no ended hold, no history beyond %d events per address, every host's index of its owners and of its port endpoints exact, every host-mode port in its host's key", c.OrphanAfter, pool.HistoryKeep)
 	}
 	return out, nil
 }
@@ -398,6 +403,27 @@ func (c *Ctl) reindex(ctx context.Context, dry bool, out *Actions) error {
 	}
 	out.add(Action{Do: "reindex", Target: "hosts' port endpoint index",
 		Detail: fmt.Sprintf("%d port endpoints entered in their host's index, %d index keys of endpoints gone deleted", entered, deleted)})
+	return nil
+}
+
+// tidyPorts runs portalloc's one-off pass over the host-mode ports (what a
+// store written by an older ringipam, or a rolling restart, leaves).
+func (c *Ctl) tidyPorts(ctx context.Context, dry bool, out *Actions) error {
+	if c.Ports == nil {
+		return nil
+	}
+	var t portalloc.Tidied
+	var err error
+	if dry {
+		t, err = c.Ports.PlanTidy(ctx)
+	} else {
+		t, err = c.Ports.Tidy(ctx)
+	}
+	if err != nil || t.Total() == 0 {
+		return err
+	}
+	out.add(Action{Do: "tidy-ports", Target: "host-mode ports",
+		Detail: fmt.Sprintf("%d old-format host users moved to their host's key, %d markers written, %d stale markers removed, %d leaked bindings released", t.Moved, t.Marked, t.Unmarked, t.Released)})
 	return nil
 }
 

@@ -280,8 +280,9 @@ func TestCheckFindsDifferences(t *testing.T) {
 		t.Fatalf("forward gone: %v", err)
 	}
 	w.dp.marks[mark] = saved
-	// The store's address no longer lists the attachment.
-	if err := st.Commit(context.Background(), nil, []store.Op{store.Delete("p/a/tcp/08080")}); err != nil {
+	// The store's address no longer lists the attachment (a host port: its
+	// host's binding under p/h/, and the marker in p/a/).
+	if err := st.Commit(context.Background(), nil, []store.Op{store.Delete("p/a/tcp/08080"), store.Delete("p/h/tcp/08080/h1")}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.Check(args("c1", stdin)); code(err) != CodeCheckFailed || !strings.Contains(err.Error(), "does not list") {
