@@ -1,9 +1,9 @@
 package portalloc
 
 import (
-	"encoding/json"
-	"fmt"
 	"strings"
+
+	"github.com/ringipam/ringipam/pkg/store"
 )
 
 // Decoders of raw stored values, for a reader that keeps its own copy of
@@ -18,15 +18,13 @@ const PublishedKeyPrefix = prefixAddr
 // into what List returns for it; ok is false for a key that names no
 // address (List skips those too).
 func DecodePublished(key string, value []byte) (p Published, ok bool, err error) {
-	addr, ok := addressOfKey(key)
-	if !ok || !strings.HasPrefix(key, prefixAddr) {
+	if !strings.HasPrefix(key, prefixAddr) {
 		return Published{}, false, nil
 	}
-	p = Published{Address: addr}
-	if err := json.Unmarshal(value, &p.State); err != nil {
-		return Published{}, true, fmt.Errorf("%s: corrupt: %w", key, err)
-	}
-	return p, true, nil
+	// List's own decoding: the ingress holder and old-format host users,
+	// the marker of per-host bindings (p/h/) left out.
+	// (Revision 1: the value exists; decodeAddress reads no revision.)
+	return decodeAddress(store.KV{Key: key, Value: value, Revision: 1})
 }
 
 // HostIndexPrefix is the prefix of host's index of its endpoints

@@ -10,8 +10,10 @@ import (
 	"github.com/ringipam/ringipam/pkg/store/memory"
 )
 
-// DecodePublished over the raw p/a/ keys is List; the host index keys name
-// the host's endpoints.
+// DecodePublished over the raw p/a/ keys is what the agents forward: the
+// ingress holders as Ingresses reads them, never the marker of the
+// host-mode bindings kept per host under p/h/ (which List adds); the host
+// index keys name the host's endpoints.
 func TestDecodersAgreeWithList(t *testing.T) {
 	ctx := context.Background()
 	st := memory.New()
@@ -26,7 +28,7 @@ func TestDecodersAgreeWithList(t *testing.T) {
 		}
 	}
 	a, _ := portalloc.New(st, "host-a")
-	list, err := a.List(ctx)
+	list, err := a.Ingresses(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,12 +42,18 @@ func TestDecodersAgreeWithList(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ok {
+		if len(p.State.Hosts) != 0 {
+			t.Fatalf("%s decoded with host users %+v: the marker of udp/53's per-host bindings is not a user", kv.Key, p.State.Hosts)
+		}
+		if ok && p.State.Ingress != "" {
 			got = append(got, p)
 		}
 	}
 	if len(list) < 2 || !reflect.DeepEqual(got, list) {
-		t.Fatalf("decoded %+v, List %+v", got, list)
+		t.Fatalf("decoded %+v, Ingresses %+v", got, list)
+	}
+	if len(kvs) != 3 {
+		t.Fatalf("p/a/ holds %d keys, want 3 (two ingress ports, one marker of udp/53): %v", len(kvs), kvs)
 	}
 	if _, ok, err := portalloc.DecodePublished(portalloc.PublishedKeyPrefix+"tcp/00080", []byte("{")); !ok || err == nil {
 		t.Fatal("a corrupt value decoded")
