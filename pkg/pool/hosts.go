@@ -554,3 +554,47 @@ func (a *Allocator) touch(ctx context.Context, kv store.KV) {
 		a.stats.commits.Add(1)
 	}
 }
+
+// PoolUse is this host's state in one pool, as OwnUsage reads it.
+type PoolUse struct {
+	Pool     string
+	Used     uint64    // addresses this host's owners hold in the pool
+	LastSeen time.Time // its last allocation or release there; zero if never
+}
+
+// OwnUsage reports this allocator's host's state in every pool from its
+// own keys: the pool definitions (one scan, independent of the number of
+// hosts) and its host states (one read); nothing of another host. Pools
+// the host has no state in are reported with nothing used.
+func (a *Allocator) OwnUsage(ctx context.Context) ([]PoolUse, error) {
+	defs, err := a.Pools(ctx)
+	if err != nil || len(defs) == 0 {
+		return nil, err
+	}
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	keys := make([]string, len(defs))
+	for i, d := range defs {
+		keys[i] = hostKey(d.Name, a.host)
+	}
+	kvs, err := a.get(ctx, keys...)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PoolUse, len(defs))
+	for i, kv := range kvs {
+		out[i].Pool = defs[i].Name
+		if !kv.Exists() {
+			continue
+		}
+		var hs hostState
+		if err := json.Unmarshal(kv.Value, &hs); err != nil {
+			return nil, fmt.Errorf("%s: corrupt host state: %w", kv.Key, err)
+		}
+		out[i].Used = hs.Used
+		if hs.Seen != 0 {
+			out[i].LastSeen = time.Unix(hs.Seen, 0)
+		}
+	}
+	return out, nil
+}
