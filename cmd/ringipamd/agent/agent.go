@@ -112,7 +112,10 @@ type Agent struct {
 	routeTable int
 	routesKick chan struct{} // a watch saw a ring or host record change
 
-	held     func() bool
+	held func() bool
+	// heldSrc is what held reads: the liveness loop's flag, set when Run
+	// starts it (read by the HTTP handlers, so atomically).
+	heldSrc  atomic.Pointer[func() bool]
 	nameLost atomic.Bool // another instance holds this host's liveness key now
 	// lastBeat is when the heartbeat loop last started an iteration (unix
 	// nanoseconds; /livez); apiDown: the plugins' socket stopped serving.
@@ -164,6 +167,10 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 		rt: o.router, routesKick: make(chan struct{}, 1), compactInterval: o.compactEvery, apiWrap: o.apiWrap}
 	if a.locks == "" {
 		a.locks = hostlock.DefaultDir
+	}
+	a.held = func() bool {
+		f := a.heldSrc.Load()
+		return f != nil && (*f)()
 	}
 	var err error
 	switch {
@@ -315,11 +322,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	self := newLivenessValue(a.cfg.Addr)
 	if a.cli != nil {
 		k := newLeaseKeeper(a.cli, a.prefix, a.cfg.Host, self, time.Duration(a.cfg.LeaseTTL), a.log, report)
-		a.held = k.held.Load
+		held := k.held.Load
+		a.heldSrc.Store(&held)
 		loop(k.run)
 	} else {
 		p := &plainLiveness{st: a.st, host: a.cfg.Host, key: pool.LivenessKey(a.cfg.Host), self: self, lost: report}
-		a.held = p.held.Load
+		held := p.held.Load
+		a.heldSrc.Store(&held)
 		loop(func(ctx context.Context) { p.run(ctx, time.Duration(a.cfg.Timeout), a.log) })
 	}
 	wait := time.NewTimer(time.Duration(a.cfg.Timeout))
