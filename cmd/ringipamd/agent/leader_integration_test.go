@@ -305,7 +305,10 @@ func TestReclaimedHostRecordsGoAfterRetention(t *testing.T) {
 		t.Fatal(err)
 	}
 	sweeps := counter(t, leader.Agent, "ringipam_sweeps_total")
-	waitFor(t, "two sweeps with back up", func() bool { return counter(t, leader.Agent, "ringipam_sweeps_total") >= sweeps+2 })
+	waitFor(t, "three sweeps with back up", func() bool { return counter(t, leader.Agent, "ringipam_sweeps_total") >= sweeps+3 })
+	if !e.exists(t, "n/gone") || !e.exists(t, "s/gone") {
+		t.Fatal("gone's records removed before the retention ended")
+	}
 	clk.advance(Retention(orphanAfter) + time.Minute)
 	waitFor(t, "gone's records removed", func() bool { return !e.exists(t, "n/gone") && !e.exists(t, "s/gone") })
 	sweeps = counter(t, leader.Agent, "ringipam_sweeps_total")
