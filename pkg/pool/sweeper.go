@@ -47,8 +47,19 @@ type SweepOptions struct {
 	// orphaned (<= 0: DefaultOrphanAfter).
 	OrphanAfter time.Duration
 	// Retention is how long a reclaimed host's records are kept after
-	// its orphaning (<= 0: OrphanAfter).
+	// its orphaning (<= 0: DefaultRetention(OrphanAfter)).
 	Retention time.Duration
+}
+
+// DefaultRetention is how long a reclaimed host's records are kept after
+// its orphaning: orphanAfter, so that a host that comes back within twice
+// orphanAfter of its last sign of life (96 h at the default) still learns
+// that it was orphaned. A host that comes back later starts afresh.
+func DefaultRetention(orphanAfter time.Duration) time.Duration {
+	if orphanAfter <= 0 {
+		orphanAfter = DefaultOrphanAfter
+	}
+	return orphanAfter
 }
 
 // SweepReport is what one Sweeper.Sweep did.
@@ -91,7 +102,7 @@ func (s *Sweeper[R]) Sweep(ctx context.Context) (SweepReport, error) {
 	}
 	retention := s.Options.Retention
 	if retention <= 0 {
-		retention = orphanAfter
+		retention = DefaultRetention(orphanAfter)
 	}
 	if s.done == nil {
 		s.done = map[string]sweptHost{}

@@ -154,10 +154,8 @@ func (a *Agent) lead(ctx context.Context) {
 }
 
 // Retention is how long the leader keeps a reclaimed host's records after
-// its orphaning: orphanAfter, so that a host that comes back within twice
-// orphanAfter of its last sign of life (96 h at the default) still learns
-// that it was orphaned. A host that comes back later starts afresh.
-func Retention(orphanAfter time.Duration) time.Duration { return orphanAfter }
+// its orphaning (pool.DefaultRetention: orphanAfter).
+func Retention(orphanAfter time.Duration) time.Duration { return pool.DefaultRetention(orphanAfter) }
 
 // figures are the pool-wide figures the leader computes.
 type figures struct {
