@@ -86,11 +86,10 @@ func (a *Agent) electionLoop(ctx context.Context) {
 // returns when the session or ctx ends (a clean stop resigns and revokes
 // the session's lease, so the next candidate leads at once).
 func (a *Agent) campaign(ctx context.Context, ttl int) error {
-	// The session lives on its own context so that it is closed (its
-	// lease revoked) after ctx ended.
-	sctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	sess, err := concurrency.NewSession(a.cli, concurrency.WithTTL(ttl), concurrency.WithContext(sctx))
+	// The session's keep-alives stop with ctx; its lease is revoked on
+	// the way out (below) with a deadline of its own, so a clean stop
+	// hands the lead over at once.
+	sess, err := concurrency.NewSession(a.cli, concurrency.WithTTL(ttl), concurrency.WithContext(ctx))
 	if err != nil {
 		return fmt.Errorf("session: %w", err)
 	}

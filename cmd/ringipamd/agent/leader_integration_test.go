@@ -95,7 +95,7 @@ func (e *etcdEnv) start(t *testing.T, cfg Config, opts ...Option) *running {
 		})
 	}
 	t.Cleanup(stop)
-	waitFor(t, cfg.Host+"'s liveness key held", func() bool { return a.held != nil && a.held() })
+	waitLong(t, cfg.Host+"'s liveness key held", func() bool { return a.held != nil && a.held() })
 	return &running{Agent: a, stop: stop}
 }
 
@@ -156,7 +156,7 @@ func counter(t *testing.T, a *Agent, name string) float64 {
 func TestIdleAgentWritesNothingWatched(t *testing.T) {
 	e := newEtcdEnv(t)
 	a := e.start(t, e.config(t, "idle"), withSeenEvery(time.Nanosecond))
-	waitFor(t, "the host record written at start", func() bool { return e.exists(t, "n/idle") })
+	waitLong(t, "the host record written at start", func() bool { return e.exists(t, "n/idle") })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var nEvents, sEvents atomic.Int64
@@ -212,7 +212,7 @@ func TestOneLeaderSweepsAndCompacts(t *testing.T) {
 		return l, n
 	}
 	var leader *running
-	waitFor(t, "one leader that swept and compacted", func() bool {
+	waitLong(t, "one leader that swept and compacted", func() bool {
 		l, n := leaderOf(agents)
 		if n != 1 {
 			return false
@@ -239,7 +239,7 @@ func TestOneLeaderSweepsAndCompacts(t *testing.T) {
 	t.Logf("%s leads", leader.cfg.Host)
 	leader.stop()
 	var next *running
-	waitFor(t, "another agent leading and sweeping", func() bool {
+	waitLong(t, "another agent leading and sweeping", func() bool {
 		l, n := leaderOf(others)
 		if n != 1 {
 			return false
@@ -294,7 +294,7 @@ func TestReclaimedHostRecordsGoAfterRetention(t *testing.T) {
 		}
 		return pool.HostInfo{}
 	}
-	waitFor(t, "gone and back reclaimed", func() bool {
+	waitLong(t, "gone and back reclaimed", func() bool {
 		return !state("gone").OrphanedAt.IsZero() && !state("back").OrphanedAt.IsZero()
 	})
 	if h := state("live"); h.State != pool.HostUp || !h.OrphanedAt.IsZero() {
@@ -305,14 +305,14 @@ func TestReclaimedHostRecordsGoAfterRetention(t *testing.T) {
 		t.Fatal(err)
 	}
 	sweeps := counter(t, leader.Agent, "ringipam_sweeps_total")
-	waitFor(t, "three sweeps with back up", func() bool { return counter(t, leader.Agent, "ringipam_sweeps_total") >= sweeps+3 })
+	waitLong(t, "three sweeps with back up", func() bool { return counter(t, leader.Agent, "ringipam_sweeps_total") >= sweeps+3 })
 	if !e.exists(t, "n/gone") || !e.exists(t, "s/gone") {
 		t.Fatal("gone's records removed before the retention ended")
 	}
 	clk.advance(Retention(orphanAfter) + time.Minute)
-	waitFor(t, "gone's records removed", func() bool { return !e.exists(t, "n/gone") && !e.exists(t, "s/gone") })
+	waitLong(t, "gone's records removed", func() bool { return !e.exists(t, "n/gone") && !e.exists(t, "s/gone") })
 	sweeps = counter(t, leader.Agent, "ringipam_sweeps_total")
-	waitFor(t, "two more sweeps", func() bool { return counter(t, leader.Agent, "ringipam_sweeps_total") >= sweeps+2 })
+	waitLong(t, "two more sweeps", func() bool { return counter(t, leader.Agent, "ringipam_sweeps_total") >= sweeps+2 })
 	for _, k := range []string{"n/back", "s/back", "n/live", "s/live"} {
 		if !e.exists(t, k) {
 			t.Errorf("%s removed: a host that is up (or came back) lost its record", k)
@@ -366,16 +366,56 @@ func TestLivezFailsWhenTheSocketStops(t *testing.T) {
 		return &failingListener{Listener: l, fail: fail}
 	}))
 	base := "http://" + l.Addr().String()
-	waitFor(t, "/livez and /readyz 200", func() bool {
+	waitLong(t, "/livez and /readyz 200", func() bool {
 		_, lc := get(base + "/livez")
 		_, rc := get(base + "/readyz")
 		return lc == 200 && rc == 200
 	})
 	close(fail)
-	waitFor(t, "/livez 503 once the socket stopped serving", func() bool {
+	waitLong(t, "/livez 503 once the socket stopped serving", func() bool {
 		body, lc := get(base + "/livez")
 		_, rc := get(base + "/readyz")
 		return lc == 503 && rc == 503 && strings.Contains(body, "socket")
 	})
 	_ = a
+}
+
+// TestAgentStopsDuringAnEtcdOutage: an agent (the leader) asked to stop
+// while its etcd is down stops within a bounded time: no loop, the
+// election's included, waits for the store without a deadline.
+func TestAgentStopsDuringAnEtcdOutage(t *testing.T) {
+	e := newEtcdEnv(t)
+	cfg := e.config(t, "stopper")
+	a, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	waitLong(t, "the agent leading", func() bool { return a.Leading() })
+	e.srv.Stop()
+	waitLong(t, "the liveness lease lost", func() bool { return !a.held() })
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the agent did not stop within 60s of being asked, with etcd down")
+	}
+	if a.Leading() {
+		t.Fatal("still leading after it stopped")
+	}
+}
+
+// waitLong waits for ok with a deadline generous for a loaded machine
+// and a real etcd.
+func waitLong(t *testing.T, what string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
