@@ -374,7 +374,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	case a.cli == nil:
 		// The local store: one host, which leads alone.
 		a.leading.Store(true)
-		loop(a.lead)
+		loop(func(ctx context.Context) { a.lead(ctx); a.leading.Store(false) })
 	case a.cfg.Sweep:
 		loop(a.electionLoop)
 	}

@@ -3,11 +3,15 @@ package agent
 import (
 	"context"
 	"net"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
 
 // movingClock is a clock the test moves.
@@ -64,5 +68,59 @@ func TestLivezFollowsTheHeartbeatLoop(t *testing.T) {
 		waitFor(t, "/livez 200 again after the clock jumped (the heartbeat loop's next turn)", func() bool {
 			return code("/livez") == 200 && a.lastBeat.Load() > before
 		})
+	}
+}
+
+// scanCounter counts the scans of a store's owner records (o/: what the
+// status page lists and nothing on a timer does).
+type scanCounter struct {
+	*memory.Store
+	scans atomic.Int64
+}
+
+func (c *scanCounter) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
+	if strings.HasPrefix(from, "o/") {
+		c.scans.Add(1)
+	}
+	return c.Store.Scan(ctx, from, to, limit)
+}
+
+// TestStatusPageIsReadOnDemandAndShared: the cluster-wide view is read
+// when asked for, not on a timer, and requests within StatusRefresh share
+// one read.
+func TestStatusPageIsReadOnDemandAndShared(t *testing.T) {
+	st := &scanCounter{Store: memory.New()}
+	alloc(t, st, "host-b", "p", "b-1")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newTestAgent(t, st, "host-a", nil, WithListener(l))
+	a.cfg.StatusRefresh = storeconfig.Duration(time.Hour)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	base := "http://" + l.Addr().String()
+	waitFor(t, "the status page", func() bool {
+		body, code := get(base + "/status.json")
+		return code == 200 && strings.Contains(body, `"host-b"`)
+	})
+	before := st.scans.Load()
+	for range 20 {
+		if body, code := get(base + "/status.json"); code != 200 || !strings.Contains(body, `"host-b"`) {
+			t.Fatalf("/status.json: %d %s", code, body)
+		}
+	}
+	if before == 0 {
+		t.Fatal("the status page listed no owner")
+	}
+	if n := st.scans.Load() - before; n != 0 {
+		t.Fatalf("20 requests within StatusRefresh listed the owners %d times, want none (one shared read)", n)
 	}
 }

@@ -419,3 +419,19 @@ func waitLong(t *testing.T, what string, ok func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestLeaderCampaignsAgainAfterAnOutage: a leader whose session ends with
+// an etcd outage stops leading, and leads (and sweeps) again once etcd is
+// back.
+func TestLeaderCampaignsAgainAfterAnOutage(t *testing.T) {
+	e := newEtcdEnv(t)
+	a := e.start(t, e.config(t, "phoenix"))
+	waitLong(t, "the agent leading", func() bool { return a.Leading() })
+	e.srv.Stop()
+	waitLong(t, "the lead lost with the session", func() bool { return !a.Leading() })
+	sweeps := counter(t, a.Agent, "ringipam_sweeps_total")
+	e.srv.Start()
+	waitLong(t, "the agent leading and sweeping again", func() bool {
+		return a.Leading() && counter(t, a.Agent, "ringipam_sweeps_total") >= sweeps+2
+	})
+}
