@@ -29,8 +29,11 @@ type Allocator struct {
 	notes   NoteKeeper
 	// seen: this allocator serves the host's verbs and keeps its
 	// last-seen time fresh (WithLastSeen).
-	seen  bool
-	stats Stats
+	seen bool
+	// seenEvery is how stale the heartbeat lets the status record's
+	// last-seen time get (WithSeenEvery; 0: every heartbeat writes it).
+	seenEvery time.Duration
+	stats     Stats
 	// layoutOK is set once a read saw this code's store layout, so later
 	// reads need not ask again (see get).
 	layoutOK atomic.Bool
@@ -48,6 +51,11 @@ type faults struct {
 	noLiveCond  bool // reclaim commits without requiring the liveness key as read
 	noRangeCond bool // a claim of a live host's space commits without requiring that the space holds no address
 	ignoreTombs bool // tombstones are ignored: a host's tombstoned ranges are its own, a tombstoned range is claimed whole
+	// The sweeper's (Sweeper) release of an orphaned host's published
+	// ports: with a forced guard (the liveness key as read, even
+	// present), or with no guard at all.
+	sweepForce   bool
+	sweepNoGuard bool
 }
 
 // DefaultReservationHold is how long a released address stays held for its
@@ -77,6 +85,11 @@ func WithHostLock(l HostLocker) Option { return func(a *Allocator) { a.hostLk = 
 // LastSeenEvery) keeps the host's last-seen time fresh. Without it (ringctl,
 // the agent, tools acting on a host's behalf) nothing refreshes it.
 func WithLastSeen() Option { return func(a *Allocator) { a.seen = true } }
+
+// WithSeenEvery makes Heartbeat write the status record's last-seen time
+// only when it is older than d (the host agent: SeenEvery(orphanAfter));
+// without it every heartbeat writes it.
+func WithSeenEvery(d time.Duration) Option { return func(a *Allocator) { a.seenEvery = max(d, 0) } }
 
 // Option configures an Allocator.
 type Option func(*Allocator)

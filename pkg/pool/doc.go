@@ -43,6 +43,22 @@
 //	o/<kind>/<net>/<ctr>/<if> the owner's allocation
 //	i/<host>/<owner>         empty: the host's index of its owners, written with the record
 //	r/<kind>/<network>/<name> a reservation: its holder, remembered addresses, end of hold
+//	l/<host>                 present while the host's agent holds its lease (liveness)
+//	n/<host>                 host record: address, orphaned mark; written only when it changes (watched)
+//	s/<host>                 host status: last seen, the agent's routes summary (never watched)
+//	e/...                    the host agents' election of their leader (etcd concurrency)
+//
+// # Gone hosts
+//
+// A host is up while its liveness key exists (the lease alone; see
+// hosts.go): nothing is written on a timer to say so. Its last-seen time
+// (its status record, its host record as older agents wrote it, its
+// host states) decides only when a down host is orphaned. Reclaim takes an
+// orphaned host's space back, every commit conditioned on its liveness key
+// absent; Sweeper (sweeper.go) is the sweep the elected host agent runs and
+// the model checks run: reclaim, release of its published ports under the
+// same guard (through a PortReleaser), and the removal of a reclaimed
+// host's records after a retention.
 //
 // # Transactions and errors
 //

@@ -16,12 +16,21 @@ import (
 //
 // A host is up while its liveness key (LivenessKey) exists: the host agent
 // writes it attached to an etcd lease it keeps alive, so the key vanishes a
-// lease TTL after the agent dies. Every host also has a last-seen time: the
-// agent's heartbeat in its host record (n/<host>), and every ADD and DEL in
-// the pool's host state. A host with no live liveness key is down; one that
-// has been down (not seen) for longer than orphanAfter is orphaned, and
-// Reclaim takes its space back. Nothing of a host whose liveness key exists
-// is ever reclaimed: every reclaiming commit requires the key absent.
+// lease TTL after the agent dies. Liveness is the lease alone: nothing is
+// written on a timer to say a host is up. Every host also has a last-seen
+// time, the latest of: its status record (s/<host>: the agent's heartbeat,
+// refreshed at most every SeenEvery, and its plugins' last-seen touch, at
+// most every LastSeenEvery), its host record (n/<host>: what agents before
+// the status record wrote there), and every ADD and DEL in the pool's host
+// state. A host with no live liveness key is down; one that has been down
+// (not seen) for longer than orphanAfter is orphaned, and Reclaim takes its
+// space back. Nothing of a host whose liveness key exists is ever
+// reclaimed: every reclaiming commit requires the key absent.
+//
+// The host record n/<host>, which every routing and forwarding agent
+// watches, changes only when what it says changes (the host's address, its
+// orphaned mark): never on a timer. The status record s/<host> is watched
+// by nobody.
 
 // DefaultOrphanAfter is how long a host must have been down before it is
 // orphaned (the WorkerSpec's 48 hours).
@@ -36,22 +45,78 @@ type hostRecord struct {
 	// Addrs are all of --addr's addresses (at most one per family), only
 	// when there are more than one; Addr is then Addrs[0].
 	Addrs []string `json:"as,omitempty"`
-	Seen  int64    `json:"s,omitempty"` // last heartbeat (Unix seconds)
-	// Checked is when a verb that committed nothing last refreshed the
-	// host's last-seen time (Unix seconds), written at most every
-	// LastSeenEvery (see there): the last-seen time of hosts whose
-	// containers live long, agent or not.
+	// Seen is when the record was last written by an agent (Unix
+	// seconds). Agents before the status record wrote it on every
+	// heartbeat; this code writes it only with a change of the record,
+	// and reads it as one more last-seen source.
+	Seen int64 `json:"s,omitempty"`
+	// Checked is the plugins' last-seen touch as agents before the
+	// status record wrote it (see hostStatus.Checked); read, never
+	// written here.
 	Checked  int64 `json:"c,omitempty"`
 	Orphaned int64 `json:"o,omitempty"` // when it was orphaned; 0: never, or acknowledged
 	// Reclaimed counts the owners released when it was orphaned.
 	Reclaimed int `json:"r,omitempty"`
+	// Routes is the routes summary as agents before the status record
+	// wrote it (see hostStatus.Routes); read, never written here.
+	Routes *RoutesSummary `json:"rt,omitempty"`
+}
+
+// hostStatus is what the store keeps about a host that changes on a timer
+// or with its routes (s/<host>): kept out of the host record, which every
+// routing agent watches, and watched by nobody.
+type hostStatus struct {
+	Seen int64 `json:"s,omitempty"` // the agent's last heartbeat write (Unix seconds; see SeenEvery)
+	// Checked is when a verb that committed nothing last refreshed the
+	// host's last-seen time (Unix seconds), written at most every
+	// LastSeenEvery (see there): the last-seen time of hosts whose
+	// containers live long, agent or not.
+	Checked int64 `json:"c,omitempty"`
 	// Routes is what the host's agent last reported of the routes it
 	// holds (ringipamd --routes); nil when it routes nothing.
 	Routes *RoutesSummary `json:"rt,omitempty"`
 }
 
+// decodeStatus decodes a status record as read (absent: the zero value).
+func decodeStatus(kv store.KV) (hostStatus, error) {
+	var st hostStatus
+	if kv.Exists() {
+		if err := json.Unmarshal(kv.Value, &st); err != nil {
+			return hostStatus{}, fmt.Errorf("%s: corrupt host status: %w", kv.Key, err)
+		}
+	}
+	return st, nil
+}
+
+// decodeRecord decodes a host record as read (absent: the zero value).
+func decodeRecord(kv store.KV) (hostRecord, error) {
+	var rec hostRecord
+	if kv.Exists() {
+		if err := json.Unmarshal(kv.Value, &rec); err != nil {
+			return hostRecord{}, fmt.Errorf("%s: corrupt host record: %w", kv.Key, err)
+		}
+	}
+	return rec, nil
+}
+
+// SeenEvery is how stale a host agent lets its recorded last-seen time
+// (the status record's Seen) get before its heartbeat writes it again,
+// for a cluster orphaning hosts after orphanAfter: orphanAfter/48, within
+// [1 min, 1 h] (1 h at the default 48 h). A host that stops is judged
+// down by its lease, not by this time; the time only decides when a down
+// host is orphaned, so it may lag by up to SeenEvery: a host is orphaned
+// between orphanAfter and orphanAfter+SeenEvery after it was last up,
+// about 2% late. An idle agent so writes its status once per SeenEvery
+// and its host record never.
+func SeenEvery(orphanAfter time.Duration) time.Duration {
+	if orphanAfter <= 0 {
+		orphanAfter = DefaultOrphanAfter
+	}
+	return min(max(orphanAfter/48, time.Minute), time.Hour)
+}
+
 // RoutesSummary is a host agent's report of the routes to other hosts'
-// ranges it holds (ringipamd --routes), kept in its host record so that
+// ranges it holds (ringipamd --routes), kept in its status record so that
 // ringctl, which reaches no agent, can show them and compare them with the
 // plan it makes itself (package routes) from the same ring. Small on
 // purpose: counts and a digest of the routes, not the routes.
@@ -138,39 +203,63 @@ func (r *hostRecord) setAddr(addr string) {
 
 // Heartbeat records that this host is alive now and where it can be reached
 // (addr, may be empty: an --addr value, one address per family separated by
-// commas), and returns its record as it was: a host that was
-// orphaned while it was away learns it here (OrphanedAt set). A non-nil
-// routes replaces the record's routes summary (nil keeps it; an empty
-// summary with Digest "" removes it).
+// commas), and returns its record as it was: a host that was orphaned
+// while it was away learns it here (OrphanedAt set). A non-nil routes
+// replaces the routes summary (nil keeps it; an empty summary with Digest
+// "" removes it; see ReportRoutes).
+//
+// It reads the host record and the status record in one round trip and
+// writes only what changed: the host record (watched by every routing
+// agent) when it is absent or records another address; the status record
+// when its last-seen time is older than the allocator's SeenEvery
+// (WithSeenEvery; every call without it) or the routes summary changed.
+// An idle agent's heartbeat so costs one read, and one unwatched write per
+// SeenEvery.
 func (a *Allocator) Heartbeat(ctx context.Context, addr string, routes *RoutesSummary) (HostInfo, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
 	var before hostRecord
 	err := a.run(ctx, func(int) error {
-		kvs, err := a.get(ctx, hostRecordKey(a.host))
+		kvs, err := a.get(ctx, hostRecordKey(a.host), statusKey(a.host))
 		if err != nil {
 			return err
 		}
-		before = hostRecord{}
-		if kvs[0].Exists() {
-			if err := json.Unmarshal(kvs[0].Value, &before); err != nil {
-				return fmt.Errorf("%s: corrupt host record: %w", kvs[0].Key, err)
+		if before, err = decodeRecord(kvs[0]); err != nil {
+			return err
+		}
+		st, err := decodeStatus(kvs[1])
+		if err != nil {
+			return err
+		}
+		now := a.now().Unix()
+		var conds []store.Cond
+		var ops []store.Op
+		if as := SplitAddrs(addr); len(as) > 0 && (!kvs[0].Exists() || before.addr() != strings.Join(as, ",")) {
+			rec := before
+			rec.setAddr(addr)
+			rec.Seen = now // for agents that read last-seen here only
+			b, _ := json.Marshal(rec)
+			conds, ops = append(conds, store.Unchanged(kvs[0])), append(ops, store.Put(kvs[0].Key, b))
+		}
+		next := st
+		if now-st.Seen >= int64(a.seenEvery/time.Second) {
+			next.Seen = now
+		}
+		if routes != nil {
+			next.Routes = nil
+			if routes.Digest != "" {
+				next.Routes = routes
 			}
 		}
-		rec := before
-		rec.Seen = a.now().Unix()
-		if len(SplitAddrs(addr)) > 0 {
-			rec.setAddr(addr)
+		if next.Seen != st.Seen || !sameRoutes(next.Routes, st.Routes) {
+			next.Seen = now
+			b, _ := json.Marshal(next)
+			conds, ops = append(conds, store.Unchanged(kvs[1])), append(ops, store.Put(kvs[1].Key, b))
 		}
-		switch {
-		case routes == nil:
-		case routes.Digest == "":
-			rec.Routes = nil
-		default:
-			rec.Routes = routes
+		if len(ops) == 0 {
+			return nil
 		}
-		b, _ := json.Marshal(rec)
-		return a.st.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put(kvs[0].Key, b)})
+		return a.st.Commit(ctx, conds, ops)
 	})
 	if err != nil {
 		return HostInfo{}, err
@@ -180,6 +269,44 @@ func (a *Allocator) Heartbeat(ctx context.Context, addr string, routes *RoutesSu
 		info.OrphanedAt = time.Unix(before.Orphaned, 0)
 	}
 	return info, nil
+}
+
+// ReportRoutes records the host agent's routes summary in its status
+// record (an empty Digest removes it), written only when it differs from
+// the recorded one but for its time: ringctl compares it with the ring.
+func (a *Allocator) ReportRoutes(ctx context.Context, sum RoutesSummary) error {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	return a.run(ctx, func(int) error {
+		kvs, err := a.get(ctx, statusKey(a.host))
+		if err != nil {
+			return err
+		}
+		st, err := decodeStatus(kvs[0])
+		if err != nil {
+			return err
+		}
+		var want *RoutesSummary
+		if sum.Digest != "" {
+			want = &sum
+		}
+		if kvs[0].Exists() && sameRoutes(st.Routes, want) {
+			return nil
+		}
+		st.Routes = want
+		st.Seen = a.now().Unix()
+		b, _ := json.Marshal(st)
+		return a.st.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put(kvs[0].Key, b)})
+	})
+}
+
+// sameRoutes compares two summaries but for their time (nil: none).
+func sameRoutes(x, y *RoutesSummary) bool {
+	if x == nil || y == nil {
+		return x == y
+	}
+	return x.Held == y.Held && x.Failed == y.Failed && x.Refused == y.Refused && x.Digest == y.Digest &&
+		slices.Equal(x.OnLink, y.OnLink)
 }
 
 // AckOrphaned clears this host's orphaned mark (an operator, or the agent
@@ -215,18 +342,16 @@ func (a *Allocator) AckOrphaned(ctx context.Context) (time.Time, error) {
 func (a *Allocator) Orphaned(ctx context.Context) (time.Time, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.get(ctx, hostRecordKey(a.host))
+	kvs, err := a.get(ctx, hostRecordKey(a.host), statusKey(a.host))
 	if err != nil {
 		return time.Time{}, err
 	}
-	var rec hostRecord
-	if kvs[0].Exists() {
-		if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
-			return time.Time{}, fmt.Errorf("%s: corrupt host record: %w", kvs[0].Key, err)
-		}
+	rec, err := decodeRecord(kvs[0])
+	if err != nil {
+		return time.Time{}, err
 	}
 	if a.seen {
-		a.touch(ctx, kvs[0]) // STATUS commits nothing
+		a.touch(ctx, kvs[1]) // STATUS commits nothing
 	}
 	if rec.Orphaned == 0 {
 		return time.Time{}, nil
@@ -267,6 +392,10 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 	if err != nil {
 		return nil, err
 	}
+	// The routes summary of the newer of the two records: the status
+	// record once an agent of this code ran, the host record of an agent
+	// before it (or after a downgrade).
+	routesAt := map[string]int64{}
 	for _, kv := range recs {
 		var rec hostRecord
 		if err := json.Unmarshal(kv.Value, &rec); err != nil {
@@ -274,11 +403,29 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 		}
 		h := info(strings.TrimPrefix(kv.Key, prefixHostRecord))
 		h.Agent, h.Addr, h.Reclaimed, h.Routes = rec.Seen != 0 || rec.addr() != "", rec.addr(), rec.Reclaimed, rec.Routes
+		routesAt[h.Name] = max(rec.Seen, rec.Checked)
 		seen(h, rec.Seen)
 		seen(h, rec.Checked)
 		if rec.Orphaned != 0 {
 			h.OrphanedAt = time.Unix(rec.Orphaned, 0)
 		}
+	}
+	stats, err := scan(prefixStatus)
+	if err != nil {
+		return nil, err
+	}
+	for _, kv := range stats {
+		st, err := decodeStatus(kv)
+		if err != nil {
+			return nil, err
+		}
+		h := info(strings.TrimPrefix(kv.Key, prefixStatus))
+		h.Agent = h.Agent || st.Seen != 0
+		if at, ok := routesAt[h.Name]; !ok || max(st.Seen, st.Checked) >= at {
+			h.Routes = st.Routes
+		}
+		seen(h, st.Seen)
+		seen(h, st.Checked)
 	}
 	live, err := scan(prefixLive)
 	if err != nil {
@@ -347,10 +494,10 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 // LastSeenEvery is how stale a host's recorded last-seen time may get
 // before a verb of an allocator WithLastSeen refreshes it. Every verb
 // (ADD, replayed or not; DEL; CHECK; GC; STATUS; the Docker driver's
-// calls) reads the host record in the round trip it makes anyway; a verb
+// calls) reads the host's status record in the round trip it makes anyway; a verb
 // that commits refreshes the host's state in the pools it changes (the
 // host states' Seen) in that commit; a verb that commits nothing writes
-// the record (Checked) only when it is older than LastSeenEvery: one
+// the status record (Checked) only when it is older than LastSeenEvery: one
 // conditional write per host per minute at most, none while fresh. So a
 // host's last-seen time lags its last verb by less than LastSeenEvery, and
 // a host is orphaned only after orphanAfter (>> LastSeenEvery; 48 h by
@@ -363,7 +510,7 @@ func (a *Allocator) seenKey() []string {
 	if !a.seen {
 		return nil
 	}
-	return []string{hostRecordKey(a.host)}
+	return []string{statusKey(a.host)}
 }
 
 // RefreshSeen keeps this host's last-seen time fresh for a verb that reads
@@ -376,7 +523,7 @@ func (a *Allocator) RefreshSeen(ctx context.Context) error {
 	}
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.get(ctx, hostRecordKey(a.host))
+	kvs, err := a.get(ctx, statusKey(a.host))
 	if err != nil {
 		return err
 	}
@@ -385,14 +532,15 @@ func (a *Allocator) RefreshSeen(ctx context.Context) error {
 }
 
 // touch refreshes this host's last-seen time for a verb that commits
-// nothing, when the record as read (kv, from the verb's own read) is older
-// than LastSeenEvery. Best effort: a conflict with a heartbeat or a failure
-// only means the next verb tries again.
+// nothing, when its status record as read (kv, from the verb's own read)
+// is older than LastSeenEvery. Best effort: a conflict with a heartbeat or
+// a failure only means the next verb tries again. It writes the status
+// record, which nobody watches.
 func (a *Allocator) touch(ctx context.Context, kv store.KV) {
-	if kv.Key != hostRecordKey(a.host) {
+	if kv.Key != statusKey(a.host) {
 		return
 	}
-	var rec hostRecord
+	var rec hostStatus
 	if kv.Exists() && json.Unmarshal(kv.Value, &rec) != nil {
 		return
 	}
@@ -405,4 +553,48 @@ func (a *Allocator) touch(ctx context.Context, kv store.KV) {
 	if a.st.Commit(ctx, []store.Cond{store.Unchanged(kv)}, []store.Op{store.Put(kv.Key, b)}) == nil {
 		a.stats.commits.Add(1)
 	}
+}
+
+// PoolUse is this host's state in one pool, as OwnUsage reads it.
+type PoolUse struct {
+	Pool     string
+	Used     uint64    // addresses this host's owners hold in the pool
+	LastSeen time.Time // its last allocation or release there; zero if never
+}
+
+// OwnUsage reports this allocator's host's state in every pool from its
+// own keys: the pool definitions (one scan, independent of the number of
+// hosts) and its host states (one read); nothing of another host. Pools
+// the host has no state in are reported with nothing used.
+func (a *Allocator) OwnUsage(ctx context.Context) ([]PoolUse, error) {
+	defs, err := a.Pools(ctx)
+	if err != nil || len(defs) == 0 {
+		return nil, err
+	}
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	keys := make([]string, len(defs))
+	for i, d := range defs {
+		keys[i] = hostKey(d.Name, a.host)
+	}
+	kvs, err := a.get(ctx, keys...)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]PoolUse, len(defs))
+	for i, kv := range kvs {
+		out[i].Pool = defs[i].Name
+		if !kv.Exists() {
+			continue
+		}
+		var hs hostState
+		if err := json.Unmarshal(kv.Value, &hs); err != nil {
+			return nil, fmt.Errorf("%s: corrupt host state: %w", kv.Key, err)
+		}
+		out[i].Used = hs.Used
+		if hs.Seen != 0 {
+			out[i].LastSeen = time.Unix(hs.Seen, 0)
+		}
+	}
+	return out, nil
 }

@@ -26,7 +26,9 @@ const (
 	prefixResv       = "r/" // r/<kind>/<network>/<name>: a reservation
 	prefixHistory    = "y/" // y/<pool>/<hex>/<hex ns>: one event of an address
 	prefixLive       = "l/" // l/<host>: the host's agent holds a lease
-	prefixHostRecord = "n/" // n/<host>: the host record
+	prefixHostRecord = "n/" // n/<host>: the host record (watched: written only when it changes)
+	prefixStatus     = "s/" // s/<host>: the host's status (last seen, routes summary; never watched)
+	prefixElection   = "e/" // e/...: the agents' election of their leader (etcd concurrency)
 )
 
 // Prefixes of keys a watcher outside the package follows: RingKeyPrefix
@@ -36,6 +38,12 @@ const (
 	RingKeyPrefix       = prefixRing
 	HostRecordKeyPrefix = prefixHostRecord
 )
+
+// ElectionKeyPrefix is the prefix of the host agents' election of the one
+// agent that sweeps, compacts the history and computes pool-wide figures
+// (go.etcd.io/etcd/client/v3/concurrency's Election; cmd/ringipamd). pool
+// never reads it.
+const ElectionKeyPrefix = prefixElection
 
 func defKey(pool string) string        { return prefixDef + pool }
 func ringKey(pool string) string       { return prefixRing + pool }
@@ -65,6 +73,11 @@ func hostOwnersPrefix(host string, kind Kind, network string) string {
 func LivenessKey(host string) string { return prefixLive + host }
 
 func hostRecordKey(host string) string { return prefixHostRecord + host }
+
+// statusKey is host's status record (hostStatus): what changes on a timer
+// (last seen) or with the host's routes, kept out of the watched host
+// record.
+func statusKey(host string) string { return prefixStatus + host }
 
 // parseHostKey is the inverse of hostKey (pool and host names hold no '/').
 func parseHostKey(key string) (pool, host string) {

@@ -3,7 +3,6 @@ package pool
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -130,38 +129,21 @@ func readoptOp(host string, after int) mop {
 		}}
 }
 
-// agentSweepOp is a host agent's sweep (cmd/ringipamd/agent's sweep, step for
-// step): the pool's Sweep, then for every orphaned host but itself the
-// release of its published ports under the pool's ReclaimGuard.
+// agentSweepOp is the elected host agent's sweep: the product's Sweeper
+// (sweeper.go, which cmd/ringipamd's leader runs), with the pool's reclaim
+// and the release of orphaned hosts' published ports under the pool's
+// ReclaimGuard.
 func (m *model) agentSweepOp(host string, after int) mop {
 	o := sweepOp(host, after)
 	o.run = func(ctx context.Context, a *Allocator) error { return m.agentSweep(ctx, a) }
 	return o
 }
 
+// agentSweep is one sweep of a fresh Sweeper (no memory of earlier
+// sweeps: every host is read) with the models' orphanAfter.
 func (m *model) agentSweep(ctx context.Context, a *Allocator) error {
-	_, err := a.Sweep(ctx, orphanAfter)
-	hosts, herr := a.Hosts(ctx, orphanAfter)
-	if herr != nil {
-		return errors.Join(err, herr)
-	}
-	pa := m.ports(a.st, a.host)
-	for _, h := range hosts {
-		if h.State != HostOrphaned || h.Name == a.host {
-			continue
-		}
-		guard, gerr := a.ReclaimGuard(ctx, h.Name, false)
-		if errors.Is(gerr, ErrHostLive) {
-			continue
-		}
-		if gerr != nil {
-			err = errors.Join(err, gerr)
-			continue
-		}
-		if _, rerr := pa.ReleaseHost(ctx, h.Name, guard); rerr != nil && !errors.Is(rerr, portalloc.ErrGuard) {
-			err = errors.Join(err, rerr)
-		}
-	}
+	s := &Sweeper[portalloc.Released]{Alloc: a, Ports: m.ports(a.st, a.host), Options: SweepOptions{OrphanAfter: orphanAfter, Retention: time.Hour}}
+	_, err := s.Sweep(ctx)
 	return err
 }
 
@@ -774,6 +756,8 @@ func TestModelCheckBroken(t *testing.T) {
 		{"tombstones ignored", ringModel, faults{ignoreTombs: true}, "outside-range"},
 		{"tombstones ignored (returning host)", reclaimModel, faults{ignoreTombs: true}, "tombstoned"},
 		{"liveness condition of reclaim dropped", reclaimModel, faults{noLiveCond: true}, "live host reclaimed"},
+		{"sweeper releases ports under a forced guard", reclaimPortsModel, faults{sweepForce: true}, "live host reclaimed"},
+		{"sweeper releases ports without a guard", reclaimPortsModel, faults{sweepNoGuard: true}, "live host reclaimed"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			m := c.model(c.broken)

@@ -23,7 +23,7 @@ func (a *Allocator) Lookup(ctx context.Context, owner Owner) (Allocation, bool, 
 	}
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.get(ctx, ownerKey(owner), hostRecordKey(a.host))
+	kvs, err := a.get(ctx, ownerKey(owner), statusKey(a.host))
 	if err != nil {
 		return Allocation{}, false, err
 	}

@@ -90,7 +90,7 @@ func (a *Allocator) ReleaseWith(ctx context.Context, owner Owner, hint ReleaseHi
 	cur, ok, err := decodeOwner(owner, known[ownerKey(owner)])
 	if err != nil || !ok {
 		if err == nil {
-			a.touch(ctx, known[hostRecordKey(a.host)]) // a DEL of nothing commits nothing
+			a.touch(ctx, known[statusKey(a.host)]) // a DEL of nothing commits nothing
 		}
 		return Allocation{}, false, err
 	}

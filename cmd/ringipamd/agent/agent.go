@@ -61,6 +61,10 @@ type options struct {
 	portmap   portmap.Dataplane
 	locks     hostlock.Dir
 	router    router
+	// Tests of the liveness and the leader (leader.go).
+	compactEvery time.Duration
+	seenEvery    time.Duration
+	apiWrap      func(net.Listener) net.Listener
 }
 
 // WithClock makes the agent (and its sweeps) judge time by now.
@@ -110,7 +114,10 @@ type Agent struct {
 	// (informer.go); set by Run.
 	caches *caches
 
-	held     func() bool
+	held func() bool
+	// heldSrc is what held reads: the liveness loop's flag, set when Run
+	// starts it (read by the HTTP handlers, so atomically).
+	heldSrc  atomic.Pointer[func() bool]
 	nameLost atomic.Bool // another instance holds this host's liveness key now
 	// lastBeat is when the heartbeat loop last started an iteration (unix
 	// nanoseconds; /livez); apiDown: the plugins' socket stopped serving.
@@ -122,6 +129,17 @@ type Agent struct {
 	// next heartbeat runs it; see pool.Allocator.Readopt).
 	readopt  atomic.Bool
 	snapshot atomic.Pointer[Snapshot]
+	// leading: this agent is the elected leader (leader.go); figures are
+	// the pool-wide figures it computes (nil when not leading).
+	leading         atomic.Bool
+	figures         atomic.Pointer[figures]
+	compactInterval time.Duration
+	apiWrap         func(net.Listener) net.Listener
+	// snapMu serialises the on-demand reads of the status page's
+	// snapshot and of this host's own figures (own).
+	snapMu   sync.Mutex
+	snapRead atomic.Int64 // when current last read the snapshot (time.Now, Unix ns)
+	own      atomic.Pointer[ownFigures]
 
 	mu        sync.Mutex
 	orphaned  time.Time // this host's unacknowledged orphaning
@@ -147,9 +165,13 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 		o.now = time.Now
 	}
 	a := &Agent{cfg: cfg, log: log, now: o.now, fwd: o.forwarder, pm: o.portmap, locks: o.locks, httpL: o.listener,
-		rt: o.router}
+		rt: o.router, compactInterval: o.compactEvery, apiWrap: o.apiWrap}
 	if a.locks == "" {
 		a.locks = hostlock.DefaultDir
+	}
+	a.held = func() bool {
+		f := a.heldSrc.Load()
+		return f != nil && (*f)()
 	}
 	var err error
 	switch {
@@ -167,7 +189,11 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
 	}
-	a.alloc, err = pool.New(a.st, cfg.Host, pool.WithTimeout(time.Duration(cfg.Timeout)), pool.WithClock(a.now))
+	seenEvery := o.seenEvery
+	if seenEvery <= 0 {
+		seenEvery = pool.SeenEvery(time.Duration(cfg.OrphanAfter))
+	}
+	a.alloc, err = pool.New(a.st, cfg.Host, pool.WithTimeout(time.Duration(cfg.Timeout)), pool.WithClock(a.now), pool.WithSeenEvery(seenEvery))
 	if err != nil {
 		a.st.Close()
 		return nil, err
@@ -215,7 +241,7 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 	} else {
 		a.rt = nil
 	}
-	a.metrics = newMetrics(a.snapshot.Load)
+	a.metrics = newMetrics(a.metricsView)
 	return a, nil
 }
 
@@ -251,6 +277,9 @@ func (a *Agent) Run(ctx context.Context) error {
 				l.Close()
 			}
 			return fmt.Errorf("%w (another ringipamd of this host? --agent-socket names another socket)", err)
+		}
+		if a.apiWrap != nil {
+			apiL = a.apiWrap(apiL)
 		}
 	}
 	a.log.Info("ringipamd starting", "host", a.cfg.Host, "addr", a.cfg.Addr, "store", a.cfg.Store.Describe(),
@@ -294,11 +323,13 @@ func (a *Agent) Run(ctx context.Context) error {
 	self := newLivenessValue(a.cfg.Addr)
 	if a.cli != nil {
 		k := newLeaseKeeper(a.cli, a.prefix, a.cfg.Host, self, time.Duration(a.cfg.LeaseTTL), a.log, report)
-		a.held = k.held.Load
+		held := k.held.Load
+		a.heldSrc.Store(&held)
 		loop(k.run)
 	} else {
 		p := &plainLiveness{st: a.st, host: a.cfg.Host, key: pool.LivenessKey(a.cfg.Host), self: self, lost: report}
-		a.held = p.held.Load
+		held := p.held.Load
+		a.heldSrc.Store(&held)
 		loop(func(ctx context.Context) { p.run(ctx, time.Duration(a.cfg.Timeout), a.log) })
 	}
 	wait := time.NewTimer(time.Duration(a.cfg.Timeout))
@@ -337,16 +368,17 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.heartbeat(ctx)
 		})
 	})
-	if a.cfg.Sweep && a.cfg.OrphanAfter > 0 {
-		loop(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.SweepInterval), a.sweep) })
-	}
-	if a.cfg.Sweep {
-		loop(func(ctx context.Context) { a.every(ctx, pool.CompactHistoryEvery, a.compactHistory) })
+	switch {
+	case a.cli == nil:
+		// The local store: one host, which leads alone.
+		a.leading.Store(true)
+		loop(func(ctx context.Context) { a.lead(ctx); a.leading.Store(false) })
+	case a.cfg.Sweep:
+		loop(a.electionLoop)
 	}
 	if a.cfg.Ingress || a.pm != nil {
 		loop(a.ingressLoop)
 	}
-	loop(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.StatusRefresh), a.refreshSnapshot) })
 	var srvErr error
 	if l != nil {
 		srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
@@ -476,8 +508,11 @@ func (a *Agent) storeError(op string, err error) {
 	a.log.Warn("store operation failed", "op", op, "err", err)
 }
 
-// heartbeat records that the host is alive, and learns whether it was
-// orphaned while away: then it says so loudly, until acknowledged.
+// heartbeat keeps the host's records and learns whether it was orphaned
+// while away: then it says so loudly, until acknowledged. Liveness is the
+// lease's (l/<host>): an idle heartbeat reads the host's two records (one
+// round trip) and writes the status record's last-seen time once per
+// SeenEvery; the watched host record only when its address changes.
 func (a *Agent) heartbeat(ctx context.Context) {
 	ctx, cancel := a.op(ctx)
 	defer cancel()
@@ -511,62 +546,45 @@ func (a *Agent) heartbeat(ctx context.Context) {
 	}
 }
 
-// sweep reclaims orphaned hosts and releases their published ports.
-// Several agents may sweep at once: the pool's commits are conditioned on
-// what they read (and on the host's liveness key being absent), so each
-// owner is released by exactly one of them; no election is needed.
-func (a *Agent) sweep(ctx context.Context) {
+// sweep is one sweep of the leader (see leader.go): sw reclaims orphaned
+// hosts, releases their published ports under the reclaim guard, skips
+// the hosts with nothing left and removes their records after the
+// retention.
+func (a *Agent) sweep(ctx context.Context, sw *pool.Sweeper[portalloc.Released]) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Duration(a.cfg.Timeout))
 	defer cancel()
-	reports, err := a.alloc.Sweep(ctx, time.Duration(a.cfg.OrphanAfter))
+	rep, err := sw.Sweep(ctx)
 	a.storeError("sweep", err)
-	for _, r := range reports {
+	a.metrics.sweeps.Inc()
+	for _, r := range rep.Reclaims {
 		a.metrics.reclaims.Inc()
 		a.metrics.released.Add(float64(r.Released))
 		a.log.Warn("reclaimed an orphaned host", "host", r.Host, "pools", r.Pools, "ownersReleased", r.Released, "alreadyReclaimed", r.AlreadyWas)
 	}
-	hosts, err := a.alloc.Hosts(ctx, time.Duration(a.cfg.OrphanAfter))
-	if err != nil {
-		a.storeError("hosts", err)
-		return
+	for host, n := range rep.Ports {
+		a.metrics.ports.Add(float64(n))
+		a.log.Warn("released the published ports of an orphaned host", "host", host, "endpoints", n)
 	}
-	a.setHosts(hosts)
-	for _, h := range hosts {
-		if h.State != pool.HostOrphaned || h.Name == a.cfg.Host {
-			continue
-		}
-		// The pool's guard: every release is conditioned on the host's
-		// liveness key being absent, so a host that comes back mid-sweep
-		// keeps every port not yet released.
-		guard, err := a.alloc.ReclaimGuard(ctx, h.Name, false)
-		if errors.Is(err, pool.ErrHostLive) {
-			continue
-		}
-		if err != nil {
-			a.storeError("release-ports", err)
-			continue
-		}
-		rel, err := a.ports.ReleaseHost(ctx, h.Name, guard)
-		if errors.Is(err, portalloc.ErrGuard) {
-			a.log.Info("an orphaned host came back while its published ports were released: it keeps the rest", "host", h.Name, "released", len(rel))
-			err = nil
-		}
-		a.storeError("release-ports", err)
-		if n := len(rel); n > 0 {
-			a.metrics.ports.Add(float64(n))
-			a.log.Warn("released the published ports of an orphaned host", "host", h.Name, "endpoints", n)
-		}
+	for _, host := range rep.Back {
+		a.log.Info("an orphaned host came back while its published ports were released: it keeps the rest", "host", host)
+	}
+	for _, host := range rep.Removed {
+		a.metrics.removed.Inc()
+		a.log.Info("removed the records of a host reclaimed longer ago than the retention", "host", host,
+			"retention", Retention(time.Duration(a.cfg.OrphanAfter)))
 	}
 }
 
 // compactHistory keeps the newest pool.HistoryKeep events of every address
-// (the history is written without reads, one key per event). Several
-// agents compacting at once delete the same keys, which is harmless.
+// (the history is written without reads, one key per event): the
+// leader's. Two compacting at once (a leader change) delete the same keys,
+// which is harmless.
 func (a *Agent) compactHistory(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Duration(a.cfg.Timeout))
 	defer cancel()
 	n, err := a.alloc.CompactHistory(ctx, pool.HistoryKeep, 0)
 	a.storeError("compact-history", err)
+	a.metrics.compactions.Inc()
 	if n > 0 {
 		a.log.Info("compacted the address history", "eventsDeleted", n, "keptPerAddress", pool.HistoryKeep)
 	}
@@ -696,7 +714,9 @@ func (a *Agent) desired() []Forward {
 	return fs
 }
 
-// refreshSnapshot reads what the status page and metrics show.
+// refreshSnapshot reads the cluster-wide view the status page and
+// /status.json show: every host, and every pool with the use of each of
+// its ranges (every owner of the pool is listed). Only on demand (current).
 func (a *Agent) refreshSnapshot(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Duration(a.cfg.Timeout))
 	defer cancel()
@@ -716,6 +736,7 @@ func (a *Agent) refreshSnapshot(ctx context.Context) {
 		Forwards: slices.Clone(a.forwards), Problems: slices.Clone(a.problems), Routes: a.routesView}
 	a.mu.Unlock()
 	s.Liveness = a.held != nil && a.held()
+	s.Leader = a.leading.Load()
 	a.snapshot.Store(s)
 }
 
@@ -767,13 +788,29 @@ func (a *Agent) healthInput() healthInput {
 	}
 }
 
-// current is the latest snapshot; the first request before any snapshot
-// reads one.
+// current is the status page's snapshot, read on demand: the last one
+// while younger than StatusRefresh, else read anew (one read at a time:
+// requests that arrive meanwhile wait for it and share it), so a client
+// that asks often costs the store one read per StatusRefresh. A failed
+// read serves the last snapshot (its Taken says how old).
 func (a *Agent) current(ctx context.Context) *Snapshot {
-	if s := a.snapshot.Load(); s != nil {
+	fresh := func() *Snapshot {
+		s := a.snapshot.Load()
+		if s != nil && time.Since(time.Unix(0, a.snapRead.Load())) < time.Duration(a.cfg.StatusRefresh) {
+			return s
+		}
+		return nil
+	}
+	if s := fresh(); s != nil {
+		return s
+	}
+	a.snapMu.Lock()
+	defer a.snapMu.Unlock()
+	if s := fresh(); s != nil {
 		return s
 	}
 	a.refreshSnapshot(ctx)
+	a.snapRead.Store(time.Now().UnixNano())
 	if s := a.snapshot.Load(); s != nil {
 		return s
 	}

@@ -11,7 +11,7 @@ import (
 // The agent's registry (newMetrics) carries ringipam_build_info with this
 // binary's version, commit and Go version, valued 1.
 func TestBuildInfoMetric(t *testing.T) {
-	m := newMetrics(func() *Snapshot { return nil })
+	m := newMetrics(func() metricsView { return metricsView{} })
 	families, err := m.registry.Gather()
 	if err != nil {
 		t.Fatal(err)

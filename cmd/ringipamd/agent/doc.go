@@ -8,19 +8,43 @@
 //     (pool.LivenessKey) on a lease it renews; the key vanishes one lease
 //     TTL after the agent dies (SIGKILL included), at once when it stops
 //     cleanly. A host without the key is down; down longer than OrphanAfter
-//     (default 48h), orphaned. Every Heartbeat it also writes the host's
-//     last-seen time and address (where other hosts forward its ingress
-//     ports), and learns whether it was orphaned while away: it then logs
-//     it at error level, shows it on its status page and in
-//     ringipam_host_orphaned, until an operator acknowledges it.
-//   - Reclaim: every SweepInterval it runs pool.Allocator.Sweep (orphaned
-//     hosts' ranges tombstoned, their owners released) and releases the
-//     published ports of orphaned hosts (portalloc.ReleaseHost, through the
-//     host's index, under pool's ReclaimGuard). Agents sweep concurrently
-//     without an election: every reclaiming commit, of addresses and of
-//     ports, is conditioned on what it read and on the host's liveness key
-//     being absent, so each owner is released exactly once and nothing of
-//     a live host is touched.
+//     (default 48h), orphaned. Liveness is the lease alone: nothing is
+//     written on a timer to say the host is up. Every Heartbeat the agent
+//     reads its host record (n/<host>, watched by every routing agent) and
+//     its status record (s/<host>, watched by nobody) in one round trip:
+//     it writes the host record only when its content changes (absent, or
+//     another --addr; orphaning and acknowledgement are written by the
+//     reclaim and by ringctl), and the status record's last-seen time at
+//     most every pool.SeenEvery(OrphanAfter) (OrphanAfter/48 within
+//     [1m, 1h]: 1h at 48h). It learns whether it was orphaned while away:
+//     it then logs it at error level, shows it on its status page and in
+//     ringipam_host_orphaned, until an operator acknowledges it. The
+//     plugins' last-seen touch and the routes summary go to the status
+//     record too.
+//   - Leader (leader.go): the agents with Sweep elect one of them through
+//     etcd's concurrency.Election on e/ (a session of LeaseTTL of its own;
+//     each candidate waits on its predecessor only). Only the leader
+//     sweeps, compacts the history and computes the pool-wide figures;
+//     ringipam_leader and the status page say which agent leads. A leader
+//     whose session ends stops all of it and campaigns again; a clean stop
+//     resigns at once. On the local store the agent leads alone.
+//   - Reclaim: every SweepInterval the leader runs pool.Sweeper: orphaned
+//     hosts' ranges tombstoned and owners released (pool.Allocator's
+//     Reclaim), their published ports released (portalloc.ReleaseHost,
+//     through the host's index, under pool's ReclaimGuard); a host found
+//     with nothing left is not read again, and its records (host record,
+//     status record, host states) are removed Retention(OrphanAfter) (=
+//     OrphanAfter) after its orphaning, in one commit conditioned on them
+//     as read and on its liveness key absent. Every reclaiming commit is
+//     conditioned on what it read and on the host's liveness key being
+//     absent, so two leaders for a moment release each owner once and
+//     touch nothing of a live host.
+//   - What an idle host costs etcd: its lease's keep-alives (two: the
+//     liveness lease and the election session), one read per Heartbeat
+//     (two a minute at 30s), one unwatched write per SeenEvery, no watched
+//     write; the leader alone reads every host (Hosts) once per
+//     SweepInterval and the pools' host states and rings once per
+//     StatusRefresh.
 //   - Watch, then apply (informer.go, package watchcache): the Ingress,
 //     Own forwards and Routes loops decide from in-memory copies of the
 //     prefixes they need: definitions (d/), rings (g/), host records (n/),
@@ -72,9 +96,14 @@
 //     a stuck agent, which a restart fixes), /readyz 200 while it can
 //     serve the plugins (live, liveness record held, host name its own;
 //     503 during a store outage, when a restart would not help), /healthz
-//     the same as /readyz (health.go). Pages are served from
-//     a snapshot read every StatusRefresh; a request never waits on the
-//     store unless no snapshot exists yet.
+//     the same as /readyz (health.go). The status page and /status.json
+//     (every host, every pool with the use of each range: every owner
+//     listed) are read on demand, when a request comes and the last read
+//     is older than StatusRefresh (one read at a time, shared by the
+//     requests waiting for it). /metrics shows this host's own figures
+//     (its host state in each pool: its own keys, read at scrape time at
+//     most once per StatusRefresh) and, on the leader only, the pool-wide
+//     ones.
 //   - Every store operation runs under Timeout; failures are logged,
 //     counted in ringipam_store_errors_total and retried on the next tick.
 package agent

@@ -1,13 +1,21 @@
 package agent
 
 import (
+	"context"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/ringipam/ringipam/pkg/pool"
 )
 
 // metrics are the agent's Prometheus metrics, on a registry of their own.
-// Gauges of pools and hosts come from the latest snapshot at scrape time
-// (a scrape never reads the store); counters count what this agent did.
+// This host's own figures come from its own keys (its host state in each
+// pool), read at scrape time at most once per StatusRefresh; the
+// pool-wide gauges (every pool, every host) only on the elected leader,
+// which computes them every StatusRefresh (leader.go); counters count what
+// this agent did.
 type metrics struct {
 	registry  *prometheus.Registry
 	reclaims  prometheus.Counter
@@ -26,8 +34,22 @@ type metrics struct {
 	// delQueue counts the queued DELs the agent ran, by result.
 	delQueue *prometheus.CounterVec
 	// routes counts the routes to other hosts' ranges by state (--routes).
-	routes     *prometheus.GaugeVec
-	snapshotFn func() *Snapshot
+	routes *prometheus.GaugeVec
+	// sweeps, compactions and removed count the leader's work.
+	sweeps      prometheus.Counter
+	compactions prometheus.Counter
+	removed     prometheus.Counter
+	viewFn      func() metricsView
+}
+
+// metricsView is what a scrape shows of the agent's state.
+type metricsView struct {
+	leader   bool
+	figures  *figures    // the pool-wide figures: the leader's, nil elsewhere
+	own      *ownFigures // this host's own
+	orphaned bool
+	liveness bool
+	forwards int
 }
 
 var (
@@ -38,10 +60,12 @@ var (
 	descOrphaned  = prometheus.NewDesc("ringipam_host_orphaned", "1 while this host is marked orphaned (its old containers lost their addresses) and nobody acknowledged it.", nil, nil)
 	descLiveness  = prometheus.NewDesc("ringipam_liveness_held", "1 while this agent holds its host's liveness record.", nil, nil)
 	descForwards  = prometheus.NewDesc("ringipam_ingress_forwards", "Ingress ports of other hosts this host forwards.", nil, nil)
-	descTaken     = prometheus.NewDesc("ringipam_snapshot_timestamp_seconds", "When the pool and host figures were read from the store.", nil, nil)
+	descTaken     = prometheus.NewDesc("ringipam_snapshot_timestamp_seconds", "When the pool-wide figures were read from the store (the leader only).", nil, nil)
+	descLeader    = prometheus.NewDesc("ringipam_leader", "1 while this agent is the elected leader: the one that sweeps orphaned hosts, compacts the history and reports the pool-wide figures (ringipam_pool_*, ringipam_hosts).", nil, nil)
+	descOwnAddrs  = prometheus.NewDesc("ringipam_host_pool_addresses", "Addresses this host's owners hold in each pool (from this host's own state).", []string{"pool"}, nil)
 )
 
-func newMetrics(snapshot func() *Snapshot) *metrics {
+func newMetrics(view func() metricsView) *metrics {
 	m := &metrics{
 		registry: prometheus.NewRegistry(),
 		reclaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_reclaims_total",
@@ -64,7 +88,13 @@ func newMetrics(snapshot func() *Snapshot) *metrics {
 			Help: "DELs the plugins queued while no agent answered that this agent ran, by result (ok: released and removed from the queue; failed: left for the next drain; dead: can never succeed (undecodable, or refused with CNI code 1, 2, 4, 6 or 7), moved to the queue's failed/ directory)."}, []string{"result"}),
 		routes: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ringipam_routes",
 			Help: "With --routes: routes to other hosts' ranges by state (installed: in the kernel as planned; failed: planned but refused by the kernel; refused: ranges of other live hosts the plan cannot route, e.g. a next hop not on a directly connected network)."}, []string{"state"}),
-		snapshotFn: snapshot,
+		sweeps: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_sweeps_total",
+			Help: "Sweeps of orphaned hosts this agent ran (as the leader)."}),
+		compactions: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_history_compactions_total",
+			Help: "Compactions of the address history this agent ran (as the leader)."}),
+		removed: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_removed_hosts_total",
+			Help: "Reclaimed hosts whose records this agent removed after the retention (as the leader)."}),
+		viewFn: view,
 	}
 	for _, reason := range []string{"peer", "too-large", "malformed", "version", "plugin"} {
 		m.socketRefused.WithLabelValues(reason) // shown from 0
@@ -73,28 +103,44 @@ func newMetrics(snapshot func() *Snapshot) *metrics {
 		m.delQueue.WithLabelValues(result)
 	}
 	registerBuildInfo(m.registry)
-	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.calls, m.socketRefused, m.delQueue, m.routes, m,
+	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.calls, m.socketRefused, m.delQueue, m.routes, m.sweeps, m.compactions, m.removed, m,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
 // Describe implements prometheus.Collector.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descPoolAddrs, descHostAddrs, descRanges, descHosts, descOrphaned, descLiveness, descForwards, descTaken} {
+	for _, d := range []*prometheus.Desc{descPoolAddrs, descHostAddrs, descRanges, descHosts, descOrphaned, descLiveness, descForwards, descTaken, descLeader, descOwnAddrs} {
 		ch <- d
 	}
 }
 
-// Collect implements prometheus.Collector from the latest snapshot.
+// Collect implements prometheus.Collector.
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
-	s := m.snapshotFn()
-	if s == nil {
-		return
-	}
+	v := m.viewFn()
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
 	}
-	for _, p := range s.Pools {
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	gauge(descLeader, b2f(v.leader))
+	gauge(descOrphaned, b2f(v.orphaned))
+	gauge(descLiveness, b2f(v.liveness))
+	gauge(descForwards, float64(v.forwards))
+	if v.own != nil {
+		for _, u := range v.own.pools {
+			gauge(descOwnAddrs, float64(u.Used), u.Pool)
+		}
+	}
+	f := v.figures
+	if f == nil {
+		return
+	}
+	for _, p := range f.pools {
 		gauge(descPoolAddrs, float64(p.Usage.Used), p.Name, "used")
 		gauge(descPoolAddrs, float64(p.Usage.Available), p.Name, "available")
 		for _, h := range p.Usage.Hosts {
@@ -117,22 +163,59 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	states := map[string]int{"up": 0, "down": 0, "orphaned": 0}
-	for _, h := range s.Hosts {
+	for _, h := range f.hosts {
 		states[string(h.State)]++
 	}
 	for st, n := range states {
 		gauge(descHosts, float64(n), st)
 	}
-	b2f := func(b bool) float64 {
-		if b {
-			return 1
+	gauge(descTaken, float64(f.taken.UnixNano())/1e9)
+}
+
+// ownFigures are this host's own figures, read from its own keys.
+type ownFigures struct {
+	read  time.Time // time.Now when read
+	pools []pool.PoolUse
+}
+
+// metricsView is a scrape's view: this host's own figures read again when
+// older than StatusRefresh (two reads of its own keys), the rest from
+// memory.
+func (a *Agent) metricsView() metricsView {
+	v := metricsView{leader: a.leading.Load(), figures: a.figures.Load(), liveness: a.held != nil && a.held()}
+	a.mu.Lock()
+	v.orphaned, v.forwards = !a.orphaned.IsZero(), len(a.forwards)
+	a.mu.Unlock()
+	v.own = a.ownFigures()
+	return v
+}
+
+// ownFigures returns this host's own figures, read when the last are older
+// than StatusRefresh (one read at a time); the last ones when the store
+// cannot be read.
+func (a *Agent) ownFigures() *ownFigures {
+	fresh := func() *ownFigures {
+		if o := a.own.Load(); o != nil && time.Since(o.read) < time.Duration(a.cfg.StatusRefresh) {
+			return o
 		}
-		return 0
+		return nil
 	}
-	gauge(descOrphaned, b2f(!s.Orphaned.IsZero()))
-	gauge(descLiveness, b2f(s.Liveness))
-	gauge(descForwards, float64(len(s.Forwards)))
-	if !s.Taken.IsZero() {
-		gauge(descTaken, float64(s.Taken.UnixNano())/1e9)
+	if o := fresh(); o != nil {
+		return o
 	}
+	a.snapMu.Lock()
+	defer a.snapMu.Unlock()
+	if o := fresh(); o != nil {
+		return o
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(a.cfg.Timeout))
+	defer cancel()
+	use, err := a.alloc.OwnUsage(ctx)
+	if err != nil {
+		a.storeError("own-usage", err)
+		return a.own.Load()
+	}
+	o := &ownFigures{read: time.Now(), pools: use}
+	a.own.Store(o)
+	return o
 }

@@ -188,7 +188,7 @@ section.pool{margin:1.2em 0}svg text{font:12px system-ui,sans-serif}
 </style></head><body>
 <h1>ringipam on {{.S.Host}}</h1>
 {{if .Orphaned}}<p class="orphaned" id="orphaned">This host was orphaned at {{.S.Orphaned.UTC.Format "2006-01-02 15:04:05 MST"}}: its old containers lost their addresses. New containers get fresh ones. Acknowledge with: ringctl host ack {{.S.Host}}</p>{{end}}
-<p>Snapshot {{.Age}} old · liveness record {{if .S.Liveness}}held{{else}}<b>not held</b>{{end}}{{with .S.Addr}} · --addr {{.}}{{end}}</p>
+<p>Snapshot {{.Age}} old · liveness record {{if .S.Liveness}}held{{else}}<b>not held</b>{{end}}{{if .S.Leader}} · <span id="leader">leader</span> (sweeps, compacts the history, reports the pool-wide figures){{end}}{{with .S.Addr}} · --addr {{.}}{{end}}</p>
 <h2>Hosts</h2>
 <table id="hosts"><tr><th>host</th><th>state</th><th>last seen</th><th>address</th><th>ranges</th><th>addresses held</th></tr>
 {{range .Hosts}}<tr data-host="{{.Name}}"><td><span style="color:{{.Color}}">■</span> {{.Name}}{{if .Me}} (this host){{end}}</td><td class="state-{{.State}}">{{.State}}</td><td>{{.Seen}}</td><td>{{.Addr}}</td><td>{{.Ranges}}</td><td>{{.Used}}</td></tr>

@@ -286,8 +286,10 @@ func (a *Agent) noteIPv6(s *routesState, rs []routes.Route) {
 	}
 }
 
-// publishRoutes keeps the summary the heartbeat writes into the host
-// record, and writes it at once when it changed.
+// publishRoutes keeps the routes summary and writes it into the host's
+// status record (pool.Allocator.ReportRoutes: never watched) when it
+// changed: ringctl status compares it with the ring. A failed write is
+// tried again by the next heartbeat (routesReport).
 func (a *Agent) publishRoutes(ctx context.Context, s *routesState, plan routes.Result, onLink []netip.Prefix, failed int, at time.Time) {
 	sum := pool.RoutesSummary{Held: max(len(plan.Routes)-failed, 0), Failed: failed, Refused: len(plan.Refused),
 		Digest: routes.Digest(plan.Routes), OnLink: onLink, At: at.Unix()}
@@ -295,12 +297,11 @@ func (a *Agent) publishRoutes(ctx context.Context, s *routesState, plan routes.R
 	a.routesSummary = &sum
 	a.mu.Unlock()
 	if !sameSummary(sum, s.published) {
-		// Written at once: ringctl status compares it with the ring.
 		octx, cancel := a.op(ctx)
-		_, err := a.alloc.Heartbeat(octx, a.cfg.Addr, &sum)
+		err := a.alloc.ReportRoutes(octx, sum)
 		cancel()
 		if err != nil {
-			a.storeError("heartbeat", err)
+			a.storeError("report-routes", err)
 			return // the heartbeat writes it
 		}
 		s.published = sum
@@ -313,9 +314,10 @@ func sameSummary(x, y pool.RoutesSummary) bool {
 		slices.Equal(x.OnLink, y.OnLink)
 }
 
-// routesReport is the routes summary the heartbeat writes into the host
-// record: the last one with --routes, a removal without (a summary left by
-// an earlier run with --routes would be a lie).
+// routesReport is the routes summary the heartbeat keeps in the host's
+// status record (written only when it differs from the recorded one): the
+// last one with --routes, a removal without (a summary left by an earlier
+// run with --routes would be a lie).
 func (a *Agent) routesReport() *pool.RoutesSummary {
 	if a.rt == nil {
 		return &pool.RoutesSummary{}

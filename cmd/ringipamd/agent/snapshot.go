@@ -10,14 +10,16 @@ import (
 	"github.com/ringipam/ringipam/pkg/pool"
 )
 
-// Snapshot is what the status page and the pool metrics show: read from
-// the store every StatusRefresh, served from memory in between.
+// Snapshot is what the status page and /status.json show: the
+// cluster-wide view, read from the store when a request comes and the
+// last one is older than StatusRefresh (never on a timer).
 type Snapshot struct {
 	Version  BuildVersion    `json:"version"` // this agent's build (build_info.go)
 	Taken    time.Time       `json:"taken"`
 	Host     string          `json:"host"`
 	Addr     string          `json:"addr,omitempty"`
 	Liveness bool            `json:"liveness"` // this agent holds its liveness record
+	Leader   bool            `json:"leader"`   // this agent is the elected leader (leader.go)
 	Orphaned time.Time       `json:"orphaned,omitzero"`
 	Hosts    []pool.HostInfo `json:"hosts"`
 	Pools    []PoolView      `json:"pools"`

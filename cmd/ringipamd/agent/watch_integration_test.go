@@ -128,7 +128,7 @@ func record(t *testing.T, st store.Store, host, addr string) {
 // away, so only a watch can make it true).
 func waitLong(t *testing.T, what string, ok func() (bool, string)) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second)
 	for {
 		done, state := ok()
 		if done {
