@@ -98,4 +98,3 @@ func TestADDBytesDoNotGrowWithHosts(t *testing.T) {
 		t.Errorf("an ADD at 1000 hosts moves %.0f bytes, at 10 hosts %.0f (x%.2f, limit x1.2): the ADD carries what grows with the hosts", large, small, large/small)
 	}
 }
-

@@ -253,13 +253,16 @@ type Findings struct {
 	Leaked     []string `json:"leaked,omitempty"`
 	Lost       []string `json:"lost,omitempty"`
 	Violations []string `json:"violations,omitempty"`
-	Allocated  int      `json:"allocated"`
-	Live       int      `json:"live"`
+	// Undeleted are containers whose ADD failed and whose DEL (retried
+	// as a runtime retries it) failed too.
+	Undeleted []string `json:"undeleted,omitempty"`
+	Allocated int      `json:"allocated"`
+	Live      int      `json:"live"`
 }
 
 // OK is true when nothing was found.
 func (f Findings) OK() bool {
-	return len(f.Duplicates)+len(f.Leaked)+len(f.Lost)+len(f.Violations) == 0
+	return len(f.Duplicates)+len(f.Leaked)+len(f.Lost)+len(f.Violations)+len(f.Undeleted) == 0
 }
 
 func (f Findings) String() string {
@@ -268,7 +271,7 @@ func (f Findings) String() string {
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d allocated, %d live", f.Allocated, f.Live)
-	for _, l := range [][]string{f.Duplicates, f.Leaked, f.Lost, f.Violations} {
+	for _, l := range [][]string{f.Duplicates, f.Leaked, f.Lost, f.Violations, f.Undeleted} {
 		for i, s := range l {
 			if i == 10 {
 				fmt.Fprintf(&b, "\n  ... %d more", len(l)-10)
@@ -287,7 +290,15 @@ func (c *Cluster) Check(ctx context.Context) (Findings, error) {
 	var f Findings
 	live := map[string]netip.Addr{} // container -> address
 	byAddr := map[netip.Addr]string{}
+	undeleted := map[string]bool{}
 	for _, h := range c.Hosts {
+		h.mu.Lock()
+		for _, u := range h.undeleted {
+			ctr, _, _ := strings.Cut(u, ": ")
+			undeleted[ctr] = true
+			f.Undeleted = append(f.Undeleted, u)
+		}
+		h.mu.Unlock()
 		for ctr, a := range h.live() {
 			live[ctr] = a
 			if o, dup := byAddr[a]; dup {
@@ -307,6 +318,8 @@ func (c *Cluster) Check(ctx context.Context) (Findings, error) {
 		inStore[a.Owner.ContainerID] = true
 		want, ok := live[a.Owner.ContainerID]
 		switch {
+		case !ok && undeleted[a.Owner.ContainerID]:
+			// Its failed ADD's DEL never succeeded: reported as such.
 		case !ok:
 			f.Leaked = append(f.Leaked, fmt.Sprintf("leak: %s holds %v but was deleted (or never added)", a.Owner.ContainerID, a.Addrs))
 		case len(a.Addrs) != 1 || a.Addrs[0].Addr != want:

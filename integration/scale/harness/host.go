@@ -98,6 +98,7 @@ type Host struct {
 	mu         sync.Mutex
 	Containers map[string]netip.Addr
 	next       int
+	undeleted  []string // containers whose failed ADD no DEL could undo
 }
 
 // hostAddr is host i's --addr: 198.19.0.0/16 (outside the pool).
@@ -239,10 +240,13 @@ func (h *Host) newContainer() string {
 
 // Add allocates an address for a new container of the host through its
 // agent; it returns the container, its result (stdout) and the address.
+// A failed ADD is followed by a DEL, as a runtime follows one (the ADD
+// may have committed before its answer was lost).
 func (h *Host) Add(ctx context.Context) (string, []byte, netip.Addr, error) {
 	ctr := h.newContainer()
 	out, err := h.call(ctx, agentapi.PluginIPAM, "ADD", ctr, h.ipamConf())
 	if err != nil {
+		h.cleanup(ctr, false)
 		return ctr, nil, netip.Addr{}, err
 	}
 	var res struct {
@@ -286,7 +290,40 @@ func (h *Host) Publish(ctx context.Context, ctr string, prev []byte, mode string
 		"runtimeConfig": map[string]any{"portMappings": []map[string]any{{"hostPort": port, "containerPort": 80, "protocol": "tcp"}}},
 		"prevResult":    pr})
 	_, err := h.call(ctx, agentapi.PluginPortmap, "ADD", ctr, b)
+	if err != nil {
+		// The runtime DELs the whole chain of a failed ADD.
+		h.mu.Lock()
+		delete(h.Containers, ctr)
+		h.mu.Unlock()
+		h.cleanup(ctr, true, b)
+	}
 	return err
+}
+
+// cleanup DELs a container whose ADD failed (its ports too when
+// published; pm is portmap-ingress's configuration), retrying as a
+// runtime retries a DEL; a DEL that never succeeds leaves the container in
+// the ledger's graveyard, which Check reports.
+func (h *Host) cleanup(ctr string, ports bool, pm ...[]byte) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var err error
+	for try := 0; try < 5; try++ {
+		err = nil
+		if ports && len(pm) > 0 {
+			_, err = h.call(ctx, agentapi.PluginPortmap, "DEL", ctr, pm[0])
+		}
+		if err == nil {
+			_, err = h.call(ctx, agentapi.PluginIPAM, "DEL", ctr, h.ipamConf())
+		}
+		if err == nil {
+			return
+		}
+		time.Sleep(time.Second)
+	}
+	h.mu.Lock()
+	h.undeleted = append(h.undeleted, ctr+": "+err.Error())
+	h.mu.Unlock()
 }
 
 // live is a copy of the host's containers.
