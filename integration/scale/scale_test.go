@@ -53,6 +53,7 @@ func TestScale(t *testing.T) {
 		ok := t.Run("N="+strconv.Itoa(n), func(t *testing.T) {
 			opt := harness.Options{N: n, Idle: envDuration(t, "SCALE_IDLE", time.Minute), Churn: envDuration(t, "SCALE_CHURN", 20*time.Second),
 				ChurnRate: rate, OrphanAfter: envDuration(t, "SCALE_ORPHAN_AFTER", 20*time.Second), Log: os.Stdout}
+			opt.Chaos = os.Getenv("SCALE_CHAOS") != ""
 			if m := os.Getenv("SCALE_MEMBERS"); m != "" {
 				opt.Members, _ = strconv.Atoi(m)
 			}

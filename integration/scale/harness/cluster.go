@@ -40,6 +40,9 @@ type Options struct {
 	// orphan phase ends; the sweep interval defaults to the shipped one).
 	OrphanAfter   time.Duration
 	SweepInterval time.Duration
+	// Chaos adds the chaos phase (etcd leader killed, one agent
+	// partitioned, during a churn; needs Members 3).
+	Chaos bool
 	// Agent changes every agent's configuration last (tests: shorter
 	// heartbeat).
 	Agent func(*agent.Config)

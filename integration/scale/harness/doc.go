@@ -24,7 +24,9 @@
 // moment), fill (allocations per host, a host-mode port on every host, a
 // few ingress ports), per-ADD bytes (one probe host whose etcd connection
 // goes through a counting TCP proxy), idle, churn, join, ring change,
-// leave, orphan and reclaim; then the checks (no duplicate address, nothing
+// port publish, leave, orphan and reclaim, and with Options.Chaos a churn
+// while the etcd leader is killed and one agent's etcd connection is cut
+// (three members); then the checks (no duplicate address, nothing
 // leaked: ringctl check's library and the harness's own ledger). Cost
 // reads the metrics; Report prints the tables and the verdicts and writes
 // JSON; SVG draws cost per host against N.

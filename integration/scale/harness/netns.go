@@ -20,7 +20,7 @@ func Main(m *testing.M) {
 		os.Exit(m.Run())
 	}
 	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "scale: the harness needs root (a network namespace of its own; the agent socket serves root only)")
+		fmt.Fprintln(os.Stderr, "suite scale needs root: the harness runs in a network namespace of its own, and the agent socket serves root only")
 		os.Exit(1)
 	}
 	args := append([]string{"--net", "--", "/bin/sh", "-c", `ip link set lo up && exec "$0" "$@"`}, os.Args...)

@@ -78,7 +78,7 @@ func PrintTable(w io.Writer, r Result) {
 	fmt.Fprintf(w, "  ADD: p50 %.1f ms p99 %.1f ms (fill), churn p50 %.1f ms p99 %.1f ms; %.0f etcd bytes per steady-state ADD (probe host), %.0f per fill ADD (etcd, background included)\n",
 		r.FillP50, r.FillP99, r.ChurnP50, r.ChurnP99, r.AddBytes, r.AddEtcdBytes)
 	fmt.Fprintf(w, "  heap %.0f KB and %.1f goroutines per host; db size %.1f MB; agents' warnings: %d\n",
-		r.HeapPerHost/1024, r.GoroutinesPerHost, r.Phases[len(r.Phases)-1].Cost.DBSize/1e6, r.Warnings)
+		r.HeapPerHost/1024, r.GoroutinesPerHost, dbSize(r)/1e6, r.Warnings)
 	fmt.Fprintf(w, "  check: %s\n", r.Findings)
 }
 
@@ -219,4 +219,13 @@ func ReadJSON(path string) (Report, error) {
 		return r, err
 	}
 	return r, json.Unmarshal(b, &r)
+}
+
+// dbSize is the largest db size a phase ended with.
+func dbSize(r Result) float64 {
+	var m float64
+	for _, p := range r.Phases {
+		m = max(m, p.Cost.DBSize)
+	}
+	return m
 }
