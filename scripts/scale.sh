@@ -5,7 +5,8 @@
 # dir with this checkout's harness copied in), so that both are measured
 # by the same harness. Then the picture, docs/scale.svg, from the JSON of
 # both (SCALE_BEFORE_JSON and SCALE_AFTER_JSON name them; each run writes
-# its own to scale-<label>.json).
+# its own to scale-<label>.json; docs/scale-before.json, the before run
+# recorded in docs/benchmarks.md, is drawn when no before run was made).
 #
 #   SCALE_SIZES=10,100,1000   the sizes (default 10,100)
 #   SCALE_IDLE=60s            the idle phase
@@ -20,6 +21,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 GO=${GO:-go}
 timeout=${SCALE_TIMEOUT:-3h}
+status=0
 
 # run <dir> <label> <commit>: the harness of this checkout on the tree in dir.
 run() {
@@ -41,11 +43,11 @@ if [[ -n ${SCALE_BEFORE:-} ]]; then
 	mkdir -p "$wt/integration/scale"
 	cp -r "$root/integration/scale/." "$wt/integration/scale/"
 	cp "$root/cmd/ringipamd/agent/export_harness.go" "$wt/cmd/ringipamd/agent/"
-	run "$wt" before "$(git rev-parse --short "$SCALE_BEFORE")"
+	run "$wt" before "$(git rev-parse --short "$SCALE_BEFORE")" || status=1
 	SCALE_BEFORE_JSON=${SCALE_BEFORE_JSON:-$root/scale-before.json}
-	[[ -n ${SCALE_ONLY_BEFORE:-} ]] && exit 0
+	if [[ -n ${SCALE_ONLY_BEFORE:-} ]]; then exit $status; fi
 fi
-run "$root" after "$(git rev-parse --short HEAD)$(git diff --quiet || echo +)"
+run "$root" after "$(git rev-parse --short HEAD)$(git diff --quiet || echo +)" || status=1
 args=(-after "${SCALE_AFTER_JSON:-$root/scale-after.json}" -out docs/scale.svg)
 if [[ -n ${SCALE_BEFORE_JSON:-} && -f $SCALE_BEFORE_JSON ]]; then
 	args+=(-before "$SCALE_BEFORE_JSON")
@@ -54,3 +56,5 @@ elif [[ -f docs/scale-before.json ]]; then
 fi
 $GO run ./integration/scale/cmd/scalesvg "${args[@]}"
 echo "picture: docs/scale.svg"
+# A failed phase or check fails make scale (the figures are still drawn).
+exit $status
