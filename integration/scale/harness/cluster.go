@@ -2,6 +2,7 @@ package harness
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,13 +11,18 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/pkg/skel"
+
 	"github.com/ringipam/ringipam/cmd/ringctl/cli"
 	"github.com/ringipam/ringipam/cmd/ringipamd/agent"
 	"github.com/ringipam/ringipam/internal/testenv"
+	"github.com/ringipam/ringipam/pkg/agentapi"
+	"github.com/ringipam/ringipam/pkg/cni/ipam"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store"
@@ -104,6 +110,7 @@ type Cluster struct {
 	dir       string
 	closers   []func()
 	logs      logSink
+	seq       int64 // this cluster's number in the process
 	// Pool and Ports read the store for the checks (their own client:
 	// its traffic is kept out of the phases' figures).
 	Pool  *pool.Allocator
@@ -117,7 +124,7 @@ func NewCluster(tb testing.TB, opt Options) *Cluster {
 	tb.Helper()
 	opt = opt.Defaults()
 	raiseNoFile()
-	c := &Cluster{TB: tb, opt: opt, Prefix: "/scale/"}
+	c := &Cluster{TB: tb, opt: opt, Prefix: "/scale/", seq: clusters.Add(1)}
 	dir, err := os.MkdirTemp("", "scale")
 	if err != nil {
 		tb.Fatal(err)
@@ -152,6 +159,9 @@ func NewCluster(tb testing.TB, opt Options) *Cluster {
 	}
 	return c
 }
+
+// clusters numbers the clusters of the process.
+var clusters atomic.Int64
 
 // raiseNoFile raises RLIMIT_NOFILE to its hard limit: each agent holds
 // an etcd connection, a listening socket and its calls' connections.
@@ -385,3 +395,64 @@ var _ = filepath.Join
 
 // Filter is the pool filter of host's CNI owners.
 func Filter(host string) pool.Filter { return pool.Filter{Kind: pool.KindCNI, Host: host} }
+
+// ProbeADDs makes k steady-state ADDs of host h (after 3 to warm its
+// notes) through ipam-ring's agent handler, the code h's agent runs for
+// its socket, on a store of their own whose connection goes through a
+// counting relay: nothing else travels there, so the bytes per ADD are
+// exact (both ways, gRPC framing included).
+func (c *Cluster) ProbeADDs(ctx context.Context, h *Host, k int) (float64, error) {
+	p, err := NewProxy(c.Endpoints[0])
+	if err != nil {
+		return 0, err
+	}
+	defer p.Close()
+	cfg := storeconfig.Config{Type: storeconfig.TypeEtcd, Endpoints: []string{p.Endpoint()}, Prefix: c.Prefix}
+	st, err := storeconfig.Open(cfg)
+	if err != nil {
+		return 0, err
+	}
+	defer st.Close()
+	hd := ipam.AgentHandler{Store: st, Config: cfg}
+	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": Network, "type": "bridge",
+		"ipam": map[string]any{"type": "ipam-ring", "host": h.Name, "timeout": "60s",
+			"store":  map[string]any{"type": "etcd", "endpoints": cfg.Endpoints, "prefix": c.Prefix},
+			"ranges": [][]map[string]string{{{"subnet": Subnet}}}}})
+	add := func() error {
+		ctr := h.newContainer()
+		req := agentapi.NewRequest(agentapi.PluginIPAM, "ADD", &skel.CmdArgs{ContainerID: ctr, Netns: "/var/run/netns/" + ctr, IfName: "eth0", StdinData: conf}, time.Minute)
+		ans := hd.Serve(ctx, req)
+		if ans.CNIError != nil || ans.Error != "" {
+			h.cleanup(ctr, false)
+			return fmt.Errorf("probe ADD %s on %s: %v %s", ctr, h.Name, ans.CNIError, ans.Error)
+		}
+		var res struct {
+			IPs []struct {
+				Address string `json:"address"`
+			} `json:"ips"`
+		}
+		if err := json.Unmarshal(ans.Stdout, &res); err != nil || len(res.IPs) == 0 {
+			return fmt.Errorf("probe ADD %s: result %q: %v", ctr, ans.Stdout, err)
+		}
+		a, err := netip.ParsePrefix(res.IPs[0].Address)
+		if err != nil {
+			return err
+		}
+		h.mu.Lock()
+		h.Containers[ctr] = a.Addr()
+		h.mu.Unlock()
+		return nil
+	}
+	for range 3 {
+		if err := add(); err != nil {
+			return 0, err
+		}
+	}
+	b0 := p.Bytes()
+	for range k {
+		if err := add(); err != nil {
+			return 0, err
+		}
+	}
+	return float64(p.Bytes()-b0) / float64(k), nil
+}

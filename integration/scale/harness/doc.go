@@ -22,8 +22,9 @@
 // Run (Scale) runs the phases of issues 41 and 42 for one size N: start
 // (all hosts start together and each makes its first ADD at the same
 // moment), fill (allocations per host, a host-mode port on every host, a
-// few ingress ports), per-ADD bytes (one probe host whose etcd connection
-// goes through a counting TCP proxy), idle, churn, join, ring change,
+// few ingress ports), per-ADD bytes (ProbeADDs: one host's ADDs through
+// its agent's handler on a connection of their own through a counting
+// TCP relay), idle, churn, join, ring change,
 // port publish, leave, orphan and reclaim, and with Options.Chaos a churn
 // while the etcd leader is killed and one agent's etcd connection is cut
 // (three members); then the checks (no duplicate address, nothing

@@ -99,6 +99,9 @@ type Host struct {
 	Containers map[string]netip.Addr
 	next       int
 	undeleted  []string // containers whose failed ADD no DEL could undo
+	// table is portmap-ingress's nftables table of the host, unique in
+	// the process (the clusters of one test share its namespace).
+	table string
 }
 
 // hostAddr is host i's --addr: 198.19.0.0/16 (outside the pool).
@@ -139,6 +142,7 @@ func (c *Cluster) newHost(i int, proxied bool) (*Host, error) {
 	cfg.LogLevel = "warn"
 	c.opt.Configure(&cfg)
 	h.cfg = cfg
+	h.table = fmt.Sprintf("rp%d-%s", c.seq, name)
 	return h, nil
 }
 
@@ -286,7 +290,7 @@ func (h *Host) Publish(ctx context.Context, ctr string, prev []byte, mode string
 		return err
 	}
 	b, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": Network, "type": "portmap-ingress",
-		"host": h.Name, "store": h.storeJSON(), "mode": mode, "timeout": "30s", "table": "rp-" + h.Name, "dataplane": "nftables",
+		"host": h.Name, "store": h.storeJSON(), "mode": mode, "timeout": "30s", "table": h.table, "dataplane": "nftables",
 		"runtimeConfig": map[string]any{"portMappings": []map[string]any{{"hostPort": port, "containerPort": 80, "protocol": "tcp"}}},
 		"prevResult":    pr})
 	_, err := h.call(ctx, agentapi.PluginPortmap, "ADD", ctr, b)

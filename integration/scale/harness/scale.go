@@ -46,8 +46,8 @@ type Result struct {
 	ChurnP99    float64 `json:"churnAddP99ms"`
 	ChurnOps    int     `json:"churnOps"`
 	ChurnFailed int     `json:"churnFailed"`
-	// AddBytes is the probe host's etcd traffic (both ways, through its
-	// relay) per steady-state ADD, its idle traffic subtracted;
+	// AddBytes is the etcd traffic (both ways, through a relay) of one
+	// steady-state ADD of the probe host (Cluster.ProbeADDs);
 	// AddEtcdBytes etcd's bytes sent+received per ADD over the fill (the
 	// agents' background included).
 	AddBytes          float64  `json:"addBytes"`
@@ -267,25 +267,16 @@ func Scale(c *Cluster, label string) (Result, error) {
 	r.HeapPerHost = float64(ms.HeapInuse) / float64(n)
 	r.GoroutinesPerHost = float64(runtime.NumGoroutine()) / float64(n)
 
-	// addbytes: the probe host's steady-state ADDs, through its relay.
+	// addbytes: the probe host's steady-state ADDs on a relayed store
+	// of their own (ProbeADDs).
 	err = c.measure(&r, "addbytes", func() (string, float64, error) {
-		ph := hosts[probe]
-		const quiet, k = 10 * time.Second, 20
-		b0, t0 := ph.ProxyBytes(), time.Now()
-		time.Sleep(quiet)
-		rate := float64(ph.ProxyBytes()-b0) / time.Since(t0).Seconds()
-		b1, t1 := ph.ProxyBytes(), time.Now()
-		for range k {
-			actx, cancel := context.WithTimeout(ctx, time.Minute)
-			_, _, _, err := ph.Add(actx)
-			cancel()
-			if err != nil {
-				return "", 0, err
-			}
+		const k = 20
+		per, err := c.ProbeADDs(ctx, hosts[probe], k)
+		if err != nil {
+			return "", 0, err
 		}
-		dt := time.Since(t1).Seconds()
-		r.AddBytes = (float64(ph.ProxyBytes()-b1) - rate*dt) / k
-		return fmt.Sprintf("%d ADDs on %s: %.0f bytes each (its background %.0f B/s subtracted)", k, ph.Name, r.AddBytes, rate), 0, nil
+		r.AddBytes = per
+		return fmt.Sprintf("%d ADDs of %s through its agent's handler on a relayed connection of their own: %.0f bytes each", k, hosts[probe].Name, per), 0, nil
 	})
 	if err != nil {
 		return r, err
