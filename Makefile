@@ -12,6 +12,9 @@
 #   make image   the OCI image (bin/ringipam-image-<git describe>.oci.tar) from a
 #                Debian root filesystem (mmdebstrap) and the static binaries;
 #                needs root and the Debian mirror, no registry; not in make test
+#   make scale   the scale harness (integration/scale, scripts/scale.sh): N
+#                simulated hosts on a real etcd, what each costs etcd;
+#                SCALE_SIZES, SCALE_IDLE, SCALE_BEFORE=<commit>; not in make test
 #   make chaos   the fault suite at full size (integration/chaos: 10 000 calls
 #                under faults; its short form runs in make integration)
 #   make clean   remove bin/ (distclean also removes the .cache/ tools)
@@ -45,7 +48,7 @@ for d in plugins/*/ cmd/*/ docker-driver/; do \
 done
 endef
 
-.PHONY: tidy-check ci-nonroot-check all build deps image test unit model-check integration integration-k8s fmt-check vet lint bench fuzz chaos demo docker-plugin clean distclean
+.PHONY: scale tidy-check ci-nonroot-check all build deps image test unit model-check integration integration-k8s fmt-check vet lint bench fuzz chaos demo docker-plugin clean distclean
 
 all: build
 
@@ -139,6 +142,10 @@ chaos: deps
 	$(GO) test -race -tags integration -count=1 -timeout $(CHAOS_TIMEOUT) -run '^TestChaos' -v \
 		./integration/chaos/ -args -chaos.full 2>&1 | tee chaos.out | \
 		grep -E '^(chaos |--- |ok|FAIL|PASS)|fault:|duplicate:|leak:|lost:|unclear|linearizability:|store:'
+
+# The scale harness: docs/benchmarks.md, "Scale: what a host costs etcd".
+scale:
+	scripts/scale.sh
 
 # The demo needs no Kubernetes: deps skips its build, and scripts/demo.sh
 # builds only the four binaries it runs.
