@@ -32,7 +32,7 @@ func TestVerbsRefreshLastSeen(t *testing.T) {
 		t.Fatal(err)
 	}
 	old := time.Now().Add(-24 * time.Hour).Unix()
-	// age sets every last-seen field of ls-host (its record, its pool
+	// age sets every last-seen field of ls-host (its records, its pool
 	// states) a day back, as a host that did nothing for a day.
 	age := func() {
 		raw := cnitest.OpenStore(t, st)
@@ -42,7 +42,10 @@ func TestVerbsRefreshLastSeen(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ops := []store.Op{store.Put("n/ls-host", []byte(`{"c":`+jsonInt(old)+`}`))}
+		// The host record as agents before the status record wrote it,
+		// and the status record (s/<host>) the agent and verbs write now.
+		ops := []store.Op{store.Put("n/ls-host", []byte(`{"c":`+jsonInt(old)+`}`)),
+			store.Put("s/ls-host", []byte(`{"s":`+jsonInt(old)+`,"c":`+jsonInt(old)+`}`))}
 		for _, kv := range recs {
 			if !strings.HasSuffix(kv.Key, "/ls-host") {
 				continue
