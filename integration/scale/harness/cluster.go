@@ -130,15 +130,7 @@ func NewCluster(tb testing.TB, opt Options) *Cluster {
 		tb.Fatal(err)
 	}
 	c.dir = dir
-	tb.Cleanup(func() {
-		for _, h := range c.Hosts {
-			_ = h.stop(30 * time.Second)
-		}
-		for _, f := range c.closers {
-			f()
-		}
-		os.RemoveAll(dir)
-	})
+	tb.Cleanup(func() { os.RemoveAll(dir) })
 	if opt.Members == 1 {
 		c.Single = testenv.StartEtcd(tb)
 		c.Endpoints = c.Single.Endpoints()
@@ -146,6 +138,20 @@ func NewCluster(tb testing.TB, opt Options) *Cluster {
 		c.Members = testenv.StartEtcdCluster(tb, testenv.ClusterOptions{Size: opt.Members})
 		c.Endpoints = c.Members.Endpoints()
 	}
+	// Registered after etcd's start, so run before etcd stops (cleanups
+	// run last first): the agents stop cleanly, all at once, while etcd
+	// still answers (one after the other against a stopped etcd, each
+	// waits out its revocation's deadline).
+	tb.Cleanup(func() {
+		var wg sync.WaitGroup
+		for _, h := range c.Hosts {
+			wg.Go(func() { _ = h.stop(30 * time.Second) })
+		}
+		wg.Wait()
+		for _, f := range c.closers {
+			f()
+		}
+	})
 	c.st, err = storeconfig.Open(storeconfig.Config{Type: storeconfig.TypeEtcd, Endpoints: c.Endpoints, Prefix: c.Prefix})
 	if err != nil {
 		tb.Fatal(err)
