@@ -162,3 +162,46 @@ func TestAgentThatLostItsNameFailsItsPlugins(t *testing.T) {
 		t.Fatalf("the other instance's liveness key after the refusals: %+v %v", after, err)
 	}
 }
+
+// TestAgentRestartedAfterAKillTakesItsNameBack: an agent killed without
+// revoking its lease (SIGKILL, as kubelet's or systemd's restart after a
+// crash finds it) leaves its liveness key until the lease expires; the
+// agent started again at once with the same --host waits that long for
+// the key to go and then holds it, instead of exiting with "host name in
+// use" (which cost every crash on Kubernetes one more restart).
+func TestAgentRestartedAfterAKillTakesItsNameBack(t *testing.T) {
+	c := newCluster(t)
+	const host = "killed-name"
+	args := func(listen string) []string {
+		return []string{"--host", host, "--store", "etcd", "--etcd-endpoints", c.etcd.Endpoints()[0],
+			"--store-prefix", c.prefix, "--lease-ttl", "5s", "--heartbeat", "500ms", "--listen", listen, "--ingress=false"}
+	}
+	first := startBinary(t, nil, args(freePort(t))...)
+	inspect := c.allocator(t, "inspector", nil)
+	waitFor(t, 30*time.Second, "the first agent's host up", func() (bool, string) {
+		h, _ := stateOf(t, inspect, host, 0)
+		return h.State == pool.HostUp, fmt.Sprintf("%+v", h)
+	})
+	before := livenessValue(t, c, host)
+	if err := first.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	<-first.done
+	if after := livenessValue(t, c, host); after != before {
+		t.Fatalf("liveness key %q after the kill, want the killed agent's %q still there (its lease not expired yet)", after, before)
+	}
+	listen := freePort(t)
+	second := startBinary(t, nil, args(listen)...)
+	waitFor(t, 60*time.Second, "the restarted agent holding the name and ready", func() (bool, string) {
+		select {
+		case <-second.done:
+			t.Fatalf("the restarted agent exited (exit %d):\n%s", second.cmd.ProcessState.ExitCode(), second.log.String())
+		default:
+		}
+		body, code, err := httpGet("http://" + listen + "/readyz")
+		return err == nil && code == 200 && strings.TrimSpace(body) == "ok", fmt.Sprintf("%d %q %v", code, body, err)
+	})
+	if after := livenessValue(t, c, host); after == before || !strings.Contains(after, fmt.Sprintf(`"pid":%d`, second.cmd.Process.Pid)) {
+		t.Fatalf("liveness key %q, want the restarted agent's (pid %d)", after, second.cmd.Process.Pid)
+	}
+}

@@ -141,12 +141,10 @@ type Agent struct {
 	snapRead atomic.Int64 // when current last read the snapshot (time.Now, Unix ns)
 	own      atomic.Pointer[ownFigures]
 
-	mu        sync.Mutex
-	orphaned  time.Time // this host's unacknowledged orphaning
-	forwards  []Forward
-	problems  []string
-	hosts     []pool.HostInfo
-	hostsRead time.Time
+	mu       sync.Mutex
+	orphaned time.Time // this host's unacknowledged orphaning
+	forwards []Forward
+	problems []string
 	// routesView is the last pass of the routes loop; nil: routes off or
 	// not planned yet.
 	routesView *RoutesView
@@ -332,7 +330,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.heldSrc.Store(&held)
 		loop(func(ctx context.Context) { p.run(ctx, time.Duration(a.cfg.Timeout), a.log) })
 	}
-	wait := time.NewTimer(time.Duration(a.cfg.Timeout))
+	// Long enough for a stale key of this host's previous instance to
+	// expire (leaseKeeper.waitReleased), so that a duplicate is refused
+	// before it serves anything.
+	wait := time.NewTimer(time.Duration(a.cfg.Timeout) + ReleaseWait(time.Duration(a.cfg.LeaseTTL)))
 	select {
 	case <-ready:
 	case <-wait.C:
@@ -590,12 +591,6 @@ func (a *Agent) compactHistory(ctx context.Context) {
 	}
 }
 
-func (a *Agent) setHosts(h []pool.HostInfo) {
-	a.mu.Lock()
-	a.hosts, a.hostsRead = h, a.now()
-	a.mu.Unlock()
-}
-
 // resyncEvery is how often, on a local store, the kernel and nftables
 // tables are rewritten from the copies although nothing changed, to
 // repair what someone changed by hand (etcd: Resync).
@@ -725,7 +720,6 @@ func (a *Agent) refreshSnapshot(ctx context.Context) {
 		a.storeError("hosts", err)
 		return
 	}
-	a.setHosts(hosts)
 	pools, err := readPools(ctx, a.alloc)
 	if err != nil {
 		a.storeError("pools", err)

@@ -99,6 +99,7 @@ func newLeaseKeeper(cli *clientv3.Client, prefix, host string, self livenessValu
 func (k *leaseKeeper) run(ctx context.Context) {
 	// Taking a lease is retried with backoff for as long as the agent runs.
 	backoff := retry.Policy{Attempts: math.MaxInt32, BaseDelay: 200 * time.Millisecond, MaxDelay: max(k.ttl/3, time.Second)}
+	waited := false
 	for ctx.Err() == nil {
 		var id clientv3.LeaseID
 		err := retry.Do(ctx, backoff, func(error) bool { return true }, func(int) error {
@@ -106,6 +107,16 @@ func (k *leaseKeeper) run(ctx context.Context) {
 			id, err = k.grant(ctx)
 			var nt *NameTakenError
 			switch {
+			case errors.As(err, &nt) && !waited:
+				// A holder that died without revoking (SIGKILL, OOM: this
+				// very agent restarted in its container by kubelet or
+				// systemd) keeps the key until its lease expires: wait
+				// that long for it to go before calling the name taken.
+				waited = true
+				if k.waitReleased(ctx) {
+					return err // gone: take it now
+				}
+				k.lost(nt, k.grants.Load() > 0)
 			case errors.As(err, &nt):
 				k.lost(nt, k.grants.Load() > 0)
 			case err != nil:
@@ -129,6 +140,32 @@ func (k *leaseKeeper) run(ctx context.Context) {
 		k.log.Warn("liveness: lease lost (the store was out of reach longer than the TTL); taking a new one", "ttl", k.ttl)
 	}
 }
+
+// waitReleased waits up to ReleaseWait(ttl) for the liveness key to be
+// absent (its holder's lease expired), reading it every half second; it
+// reports whether it went. A live holder keeps renewing its lease and
+// the key stays.
+func (k *leaseKeeper) waitReleased(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, ReleaseWait(k.ttl))
+	defer cancel()
+	for {
+		rctx, rcancel := context.WithTimeout(ctx, time.Second)
+		resp, err := k.cli.Get(rctx, k.key, clientv3.WithCountOnly())
+		rcancel()
+		if err == nil && resp.Count == 0 {
+			return true
+		}
+		if sleep(ctx, 500*time.Millisecond) != nil {
+			return false
+		}
+	}
+}
+
+// ReleaseWait is how long an agent that finds its host's liveness key held
+// by another instance waits for it to vanish before it gives up the name:
+// one lease TTL and half of one more (the holder's lease, granted with
+// this TTL, expires within one TTL of its last renewal).
+func ReleaseWait(ttl time.Duration) time.Duration { return ttl + ttl/2 }
 
 // grant takes a new lease and writes the liveness key on it.
 func (k *leaseKeeper) grant(ctx context.Context) (clientv3.LeaseID, error) {

@@ -188,15 +188,26 @@ func (c *Cluster) Logf(format string, args ...any) {
 	}
 }
 
-// Take snapshots the members' metrics.
+// Take snapshots the members' metrics. A member busy past the scrape's
+// deadline (a thousand agents starting on two cores) is asked again, for
+// up to five minutes: the counters lose nothing meanwhile.
 func (c *Cluster) Take() Snapshot {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	s, err := Take(ctx, c.Endpoints)
-	if err != nil {
-		c.TB.Fatalf("scale: %v", err)
+	for {
+		s, err := Take(ctx, c.Endpoints)
+		if err == nil {
+			return s
+		}
+		if ctx.Err() != nil {
+			c.TB.Fatalf("scale: %v", err)
+		}
+		c.Logf("scale: %v; asking again", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
 	}
-	return s
 }
 
 // AddHosts prepares hosts from index len(c.Hosts) on (proxied: their etcd
