@@ -12,7 +12,9 @@
 #   SCALE_IDLE=60s            the idle phase
 #   SCALE_CHURN=20s SCALE_CHURN_RATE=10
 #   SCALE_ORPHAN_AFTER=20s    the agents' orphanAfter (the orphan phase)
-#   SCALE_MEMBERS=3           etcd members (default 3 from N=1000, else 1)
+#   SCALE_MEMBERS=3           etcd members (default 3 from N=1000 or with SCALE_CHAOS, else 1)
+#   SCALE_CHAOS=1             the chaos phase (etcd leader killed, an agent cut off)
+#   SCALE_START=4             first ADDs at most 4 at a time (default: all at once)
 #   SCALE_BEFORE=082f606      also run the harness on this commit, first
 #   SCALE_ONLY_BEFORE=1       run the commit only
 #   SCALE_TIMEOUT=3h

@@ -54,6 +54,12 @@ func TestScale(t *testing.T) {
 			opt := harness.Options{N: n, Idle: envDuration(t, "SCALE_IDLE", time.Minute), Churn: envDuration(t, "SCALE_CHURN", 20*time.Second),
 				ChurnRate: rate, OrphanAfter: envDuration(t, "SCALE_ORPHAN_AFTER", 20*time.Second), Log: os.Stdout}
 			opt.Chaos = os.Getenv("SCALE_CHAOS") != ""
+			if v := os.Getenv("SCALE_START"); v != "" {
+				opt.StartConcurrency, _ = strconv.Atoi(v)
+			}
+			if opt.Chaos {
+				opt.Members = 3 // the chaos phase kills the leader of three
+			}
 			if m := os.Getenv("SCALE_MEMBERS"); m != "" {
 				opt.Members, _ = strconv.Atoi(m)
 			}

@@ -46,6 +46,9 @@ type Options struct {
 	// orphan phase ends; the sweep interval defaults to the shipped one).
 	OrphanAfter   time.Duration
 	SweepInterval time.Duration
+	// StartConcurrency, when above 0, makes the start phase's first ADDs
+	// at most that many at a time instead of all at once (SCALE_START).
+	StartConcurrency int
 	// Chaos adds the chaos phase (etcd leader killed, one agent
 	// partitioned, during a churn; needs Members 3).
 	Chaos bool
