@@ -720,7 +720,7 @@ func (a *Agent) refreshSnapshot(ctx context.Context) {
 		a.storeError("hosts", err)
 		return
 	}
-	pools, err := readPools(ctx, a.alloc)
+	pools, err := readPools(ctx, a.alloc, true)
 	if err != nil {
 		a.storeError("pools", err)
 		return

@@ -174,25 +174,12 @@ func (a *Agent) refreshFigures(ctx context.Context) {
 		a.storeError("hosts", err)
 		return
 	}
-	defs, err := a.alloc.Pools(ctx)
+	pools, err := readPools(ctx, a.alloc, false)
 	if err != nil {
 		a.storeError("pools", err)
 		return
 	}
-	f := &figures{taken: a.now(), hosts: hosts}
-	for _, d := range defs {
-		u, err := a.alloc.Usage(ctx, d.Name)
-		if err != nil {
-			a.storeError("pools", err)
-			return
-		}
-		ring, err := a.alloc.RingOf(ctx, d.Name)
-		if err != nil {
-			a.storeError("pools", err)
-			return
-		}
-		f.pools = append(f.pools, PoolView{Name: d.Name, Usage: u, Ring: ring})
-	}
+	f := &figures{taken: a.now(), hosts: hosts, pools: pools}
 	if ctx.Err() == nil {
 		a.figures.Store(f)
 	}

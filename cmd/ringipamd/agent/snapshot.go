@@ -48,8 +48,11 @@ type poolReader interface {
 	List(ctx context.Context, f pool.Filter) ([]pool.Allocation, error)
 }
 
-// readPools reads every pool's view.
-func readPools(ctx context.Context, r poolReader) ([]PoolView, error) {
+// readPools reads every pool's view: its usage and ring, and with
+// withUse the use of each of its ranges (every owner of the pool listed:
+// the status page, on demand); without, no owner is read (the leader's
+// pool-wide figures).
+func readPools(ctx context.Context, r poolReader, withUse bool) ([]PoolView, error) {
 	defs, err := r.Pools(ctx)
 	if err != nil {
 		return nil, err
@@ -63,6 +66,10 @@ func readPools(ctx context.Context, r poolReader) ([]PoolView, error) {
 		ring, err := r.RingOf(ctx, d.Name)
 		if err != nil {
 			return nil, err
+		}
+		if !withUse {
+			out = append(out, PoolView{Name: d.Name, Usage: u, Ring: ring})
+			continue
 		}
 		allocs, err := r.List(ctx, pool.Filter{Pool: d.Name})
 		if err != nil {
