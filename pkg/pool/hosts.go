@@ -322,9 +322,9 @@ func (a *Allocator) AckOrphaned(ctx context.Context) (time.Time, error) {
 		if err != nil || !kvs[0].Exists() {
 			return err
 		}
-		var rec hostRecord
-		if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
-			return fmt.Errorf("%s: corrupt host record: %w", kvs[0].Key, err)
+		rec, err := decodeRecord(kvs[0])
+		if err != nil {
+			return err
 		}
 		if rec.Orphaned == 0 {
 			return nil
@@ -397,9 +397,9 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 	// before it (or after a downgrade).
 	routesAt := map[string]int64{}
 	for _, kv := range recs {
-		var rec hostRecord
-		if err := json.Unmarshal(kv.Value, &rec); err != nil {
-			return nil, fmt.Errorf("%s: corrupt host record: %w", kv.Key, err)
+		rec, err := decodeRecord(kv)
+		if err != nil {
+			return nil, err
 		}
 		h := info(strings.TrimPrefix(kv.Key, prefixHostRecord))
 		h.Agent, h.Addr, h.Reclaimed, h.Routes = rec.Seen != 0 || rec.addr() != "", rec.addr(), rec.Reclaimed, rec.Routes

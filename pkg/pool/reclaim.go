@@ -193,11 +193,9 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 		if err != nil {
 			return err
 		}
-		var rec hostRecord
-		if kvs[0].Exists() {
-			if err := json.Unmarshal(kvs[0].Value, &rec); err != nil {
-				return fmt.Errorf("%s: corrupt host record: %w", kvs[0].Key, err)
-			}
+		rec, err := decodeRecord(kvs[0])
+		if err != nil {
+			return err
 		}
 		if rec.Orphaned != 0 && rep.Pools == 0 && rep.Released == 0 {
 			rep.AlreadyWas = true
