@@ -411,8 +411,9 @@ func TestCheck(t *testing.T) {
 			})
 		}},
 		{pool.InvRingCover, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
-			kv := get(t, st, "g/rcnet-0")
-			put(t, st, "g/rcnet-0", strings.TrimSuffix(string(kv), "]")+`,{"s":"198.18.20.2","h":"node-b"}]`)
+			// A range of node-b inside another host's (layout 4: one key
+			// per range, named by its last address).
+			put(t, st, "g/rcnet-0/"+hexOf("198.18.20.2"), `{"s":"198.18.20.2","h":"node-b"}`)
 		}},
 		{pool.InvNotInPool, func(t *testing.T, c *cluster, st store.Store, addrs map[string][]string) {
 			put(t, st, "a/rcnet-0/"+hexOf("198.18.20.255"), "node-b cni/rcnet/node-b-1/eth0")

@@ -24,6 +24,11 @@ type hostState struct {
 	// Seen is when this host last allocated in the pool (Unix seconds):
 	// the last-seen time that reclaiming lost hosts builds on.
 	Seen int64 `json:"s,omitempty"`
+	// Ranges are the host's live ranges of the pool, as its range keys
+	// say (ranges.go); Layout is stateLayout once this layout wrote the
+	// state (an older ringipam's rewrite drops both).
+	Ranges []ownRange `json:"g,omitempty"`
+	Layout int        `json:"v,omitempty"`
 }
 
 // maxRun caps the free run remembered in the host state.
@@ -178,22 +183,26 @@ type snapshot struct {
 
 // poolTxn is one pool's state as read for one allocation, and its changes.
 type poolTxn struct {
-	name        string
-	def         Def
-	segs        []span
-	defKV       store.KV
-	ring        ring
-	ringKV      store.KV
-	ringChanged bool
-	// fullRing, when the ring is a note's: the ring's stored value, of
-	// which ring holds this host's ranges only (see ownRanges) until a
-	// plan needs the others' (unnote).
-	fullRing []byte
-	noted    bool
-	host     hostState
-	hostKV   store.KV
-	taken    map[u128]bool
-	useHint  bool
+	name    string
+	def     Def
+	segs    []span
+	defKV   store.KV
+	host    hostState // this host's state, its ranges among it
+	hostKV  store.KV
+	taken   map[u128]bool
+	useHint bool
+	// tx gathers the changes of range keys (claims, moves of one
+	// address) this allocation makes in the pool; nil while it makes none.
+	tx *ringTxn
+}
+
+// ringTxn returns t's ring transaction, starting it.
+func (t *poolTxn) ringTxn(a *Allocator) *ringTxn {
+	if t.tx == nil {
+		t.tx = a.newRingTxn(t.name, t.def)
+		t.tx.own(a.host, t.hostKV, &t.host)
+	}
+	return t.tx
 }
 
 func (s *snapshot) pool(name string) *poolTxn {
@@ -237,7 +246,7 @@ func (a *Allocator) readKeys(req Request) (keyset, []string) {
 	for _, w := range req.Wants {
 		if !slices.Contains(pools, w.Pool) {
 			pools = append(pools, w.Pool)
-			ks.add(defKey(w.Pool), ringKey(w.Pool), hostKey(w.Pool, a.host))
+			ks.add(defKey(w.Pool), hostKey(w.Pool, a.host))
 		}
 	}
 	ks.add(a.seenKey()...)
@@ -280,7 +289,7 @@ func (a *Allocator) decodeSnapshot(ctx context.Context, req Request, defs map[st
 	}
 	var err error
 	for _, p := range pools {
-		t := &poolTxn{name: p, defKV: ks.kv(kvs, defKey(p)), ringKV: ks.kv(kvs, ringKey(p)), hostKV: ks.kv(kvs, hostKey(p, a.host)), taken: map[u128]bool{}}
+		t := &poolTxn{name: p, defKV: ks.kv(kvs, defKey(p)), hostKV: ks.kv(kvs, hostKey(p, a.host)), taken: map[u128]bool{}}
 		given, hasGiven := defs[p]
 		switch {
 		case !t.defKV.Exists() && hasGiven:
@@ -294,17 +303,13 @@ func (a *Allocator) decodeSnapshot(ctx context.Context, req Request, defs map[st
 			}
 		}
 		t.segs = dynamicSegmentsOf(t.def)
-		var tokens []token
-		if t.ringKV.Exists() {
-			if err := decodeTokens(t.ringKV.Value, &tokens); err != nil {
-				return nil, fmt.Errorf("pool %s: stored ring is corrupt: %w", p, err)
-			}
-		}
-		t.ring = ringFrom(t.def, tokens)
 		if t.hostKV.Exists() {
 			if err := decodeHostState(t.hostKV.Value, &t.host); err != nil {
 				return nil, fmt.Errorf("pool %s host %s: corrupt state: %w", p, a.host, err)
 			}
+		}
+		if err := a.repairState(ctx, t); err != nil {
+			return nil, err
 		}
 		s.pools = append(s.pools, t)
 	}
@@ -350,7 +355,9 @@ func (a *Allocator) plan(ctx context.Context, s *snapshot, req Request, useHint 
 			}
 			b, _ := json.Marshal(d)
 			p.require(store.Cond{Key: defKey(d.Name)})
-			p.write(store.Put(defKey(d.Name), b))
+			// The layout-3 ring key holds the marker a layout-3 process
+			// cannot read as a ring (oldRingKey).
+			p.write(store.Put(defKey(d.Name), b), store.Put(oldRingKey(d.Name), movedMarker(d.Name)))
 		}
 		b, _ := json.Marshal(reg)
 		p.require(store.Unchanged(s.registryKV))
@@ -414,16 +421,12 @@ func (a *Allocator) plan(ctx context.Context, s *snapshot, req Request, useHint 
 	}
 	for _, t := range s.pools {
 		t.host.Seen = a.now().Unix()
-		if !a.broken.noRingCond {
-			p.require(store.Unchanged(t.ringKV))
-		}
 		if !a.broken.noHostCond {
 			p.require(store.Unchanged(t.hostKV))
 		}
-		if t.ringChanged {
-			b := encodeTokens(t.ring.tokens)
-			p.write(store.Put(ringKey(t.name), b))
-		}
+		conds, ops := t.tx.finish()
+		p.require(conds...)
+		p.write(ops...)
 		b := encodeHostState(t.host)
 		p.write(store.Put(hostKey(t.name, a.host), b))
 	}
@@ -463,17 +466,8 @@ func (a *Allocator) pick(ctx context.Context, t *poolTxn, w Want, req Request, r
 	got, kv, err := a.pickDynamic(ctx, t)
 	var need errNeedSpace
 	if errors.As(err, &need) {
-		if err := a.unnote(t); err != nil {
+		if err := a.planClaim(ctx, t); err != nil {
 			return u128{}, store.KV{}, err
-		}
-		var given *store.Cond
-		if t.ring, given, err = a.planClaim(ctx, t.name, t.def, t.ring); err != nil {
-			return u128{}, store.KV{}, err
-		}
-		t.ringChanged = true
-		if given != nil && !a.broken.noRangeCond {
-			// Space of a live donor: it holds no address at commit time.
-			p.require(*given)
 		}
 		got, kv, err = a.pickDynamic(ctx, t)
 		if errors.As(err, &need) {
@@ -567,17 +561,30 @@ func (a *Allocator) pickStatic(ctx context.Context, t *poolTxn, addr netip.Addr,
 			return miss(e)
 		}
 	}
-	// The address key's condition (absent, or the hold as read), added by
-	// the caller, is all it takes to move one address safely.
-	foreign := func() bool { tok := t.ring.ownerOf(v); return tok.Host != a.host || tok.Tomb && !a.broken.ignoreTombs }
-	if t.noted && foreign() {
-		if err := a.unnote(t); err != nil {
-			return u128{}, store.KV{}, err
-		}
+	if inSpans(v, t.host.spans()) {
+		return v, kv, nil
 	}
-	if foreign() {
-		t.ring = t.ring.assign(v, v, a.host)
-		t.ringChanged = true
+	// The address lies outside this host's ranges: it moves to this host
+	// in the same commit. The address key's condition (absent, or the
+	// hold as read), added by the caller, says it is free; the range
+	// keys' conditions say whose it was.
+	tx := t.ringTxn(a)
+	r, held, ok, err := tx.at(ctx, v)
+	if err != nil {
+		return u128{}, store.KV{}, err
+	}
+	switch {
+	case held && r.host == a.host && !r.tomb:
+		return u128{}, store.KV{}, fmt.Errorf("%w: pool %s: range %s is this host's but its state does not list it", store.ErrConflict, t.name, r.key)
+	case held && r.host == a.host && a.broken.ignoreTombs:
+	case held:
+		err = tx.assign(ctx, r, span{v, v}, a.host, false)
+	default:
+		b, _ := tx.blockOf(v)
+		err = tx.claimGap(ctx, span{v, v}, b, r, ok, a.host)
+	}
+	if err != nil {
+		return u128{}, store.KV{}, err
 	}
 	return v, kv, nil
 }
@@ -586,7 +593,20 @@ func (a *Allocator) pickStatic(ctx context.Context, t *poolTxn, addr netip.Addr,
 // cursor, wrapping around: round robin. An address whose hold has ended is
 // free.
 func (a *Allocator) pickDynamic(ctx context.Context, t *poolTxn) (u128, store.KV, error) {
-	spans := t.ring.spansOf(a.host, t.segs, a.broken.ignoreTombs)
+	spans := clipAll(t.host.spans(), t.segs)
+	if a.broken.ignoreTombs {
+		// The broken variant: this host's tombstoned ranges count as its own.
+		rs, err := a.scanRanges(ctx, t.name, t.def.is4())
+		if err != nil {
+			return u128{}, store.KV{}, err
+		}
+		for _, r := range rs {
+			if r.host == a.host && r.tomb {
+				spans = append(spans, clip(r.span, t.segs)...)
+			}
+		}
+		slices.SortFunc(spans, func(x, y span) int { return x.lo.cmp(y.lo) })
+	}
 	if len(spans) == 0 {
 		return u128{}, store.KV{}, errNeedSpace{t.name}
 	}
@@ -714,4 +734,31 @@ func (a *Allocator) firstFree(ctx context.Context, t *poolTxn, s span, now time.
 			return u128{}, 0, store.KV{}, false, nil
 		}
 	}
+}
+
+// repairState gives t's host state its ranges when an older ringipam
+// rewrote it during a rolling upgrade (dropping Ranges and Layout): they
+// are read from the range keys, once; the commit writes the state back,
+// conditioned on its revision. A new state starts with this layout.
+func (a *Allocator) repairState(ctx context.Context, t *poolTxn) error {
+	if !t.hostKV.Exists() {
+		t.host.Layout = stateLayout
+		return nil
+	}
+	if t.host.Layout == stateLayout {
+		return nil
+	}
+	rs, err := a.scanRanges(ctx, t.name, t.def.is4())
+	if err != nil {
+		return err
+	}
+	var own []span
+	for _, r := range rs {
+		if r.host == a.host && !r.tomb {
+			own = append(own, r.span)
+		}
+	}
+	t.host.setSpans(own, t.def.is4())
+	t.host.Layout = stateLayout
+	return nil
 }

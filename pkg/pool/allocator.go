@@ -46,10 +46,10 @@ type Allocator struct {
 // one guard switched off (as portalloc.Rules switches off the corrections
 // of seed 000). The zero value is the product; only tests set a field.
 type faults struct {
-	noRingCond  bool // an allocation commits without requiring the ring unchanged
+	noRingCond  bool // claims and moves commit without the range keys' conditions (revisions, absent ranges)
 	noHostCond  bool // allocations and releases commit without requiring the host state unchanged
 	noLiveCond  bool // reclaim commits without requiring the liveness key as read
-	noRangeCond bool // a claim of a live host's space commits without requiring that the space holds no address
+	noRangeCond bool // a claim of a live host's space commits without its two guards: no address in the space, the donor's state unchanged
 	ignoreTombs bool // tombstones are ignored: a host's tombstoned ranges are its own, a tombstoned range is claimed whole
 	// The sweeper's (Sweeper) release of an orphaned host's published
 	// ports: with a forced guard (the liveness key as read, even

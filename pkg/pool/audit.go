@@ -110,14 +110,21 @@ func (a *Allocator) Audit(ctx context.Context) ([]Violation, error) {
 		names = append(names, name)
 	}
 	for _, name := range names {
-		g, err := a.st.Get(ctx, ringKey(name))
-		if err != nil {
-			return nil, err
-		}
-		r, err := decodeRing(defs[name], g[0])
+		r, err := a.poolRing(ctx, name, defs[name])
 		if err != nil {
 			bad(InvRingCover, name, "%v", err)
 			continue
+		}
+		hostKVs, err := scan(hostPrefix(name))
+		if err != nil {
+			return nil, err
+		}
+		faults, err := a.stateRangeFaults(ctx, name, defs[name], hostKVs)
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range faults {
+			bad(InvOutsideRange, name, "%s", f)
 		}
 		if err := r.check(); err != nil {
 			bad(InvRingCover, name, "the ring does not cover the pool exactly once: %v", err)

@@ -109,11 +109,9 @@ func TestAuditFindsEachInvariant(t *testing.T) {
 			put(t, st, ownerKey(hostOwner("host-b", 1)), b)
 		}},
 		{"ring out of order", InvRingCover, func(t *testing.T, st *memory.Store, hosts map[string]*Allocator) {
-			var tokens []token
-			json.Unmarshal(get(t, st, ringKey("p4")), &tokens)
-			tokens = append(tokens, token{Start: mustAddr("198.18.0.1"), Host: "host-b"})
-			b, _ := json.Marshal(tokens)
-			put(t, st, ringKey("p4"), b)
+			// A range of host-b overlapping host-a's.
+			s := span{toU128(mustAddr("198.18.0.1")), toU128(mustAddr("198.18.0.1"))}
+			put(t, st, rangeKey("p4", s.hi, true), rangeKV{span: s, host: "host-b"}.encode(true))
 		}},
 		{"address the pool never hands out", InvNotInPool, func(t *testing.T, st *memory.Store, hosts map[string]*Allocator) {
 			// The broadcast address: inside the ring's span, not allocatable.

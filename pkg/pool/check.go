@@ -22,7 +22,7 @@ import (
 func (a *Allocator) Check(ctx context.Context, pool string) ([]string, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.get(ctx, defKey(pool), ringKey(pool), registryKey)
+	kvs, err := a.get(ctx, defKey(pool), registryKey)
 	if err != nil {
 		return nil, err
 	}
@@ -30,13 +30,8 @@ func (a *Allocator) Check(ctx context.Context, pool string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tokens []token
-	if kvs[1].Exists() {
-		if err := decodeTokens(kvs[1].Value, &tokens); err != nil {
-			return []string{"ring is corrupt: " + err.Error()}, nil
-		}
-	}
-	r := ringFrom(def, tokens)
+	r, ringErr := a.poolRing(ctx, pool, def)
+	kvs = []store.KV{kvs[0], {}, kvs[1]}
 	var bad []string
 	if reg, err := decodeRegistry(kvs[2]); err != nil {
 		bad = append(bad, err.Error())
@@ -54,6 +49,10 @@ func (a *Allocator) Check(ctx context.Context, pool string) ([]string, error) {
 			}
 		}
 	}
+	if ringErr != nil {
+		bad = append(bad, "ring: "+ringErr.Error())
+		return bad, nil
+	}
 	if err := r.check(); err != nil {
 		bad = append(bad, "ring: "+err.Error())
 		return bad, nil
@@ -70,6 +69,11 @@ func (a *Allocator) Check(ctx context.Context, pool string) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	faults, err := a.stateRangeFaults(ctx, pool, def, hosts)
+	if err != nil {
+		return nil, err
+	}
+	bad = append(bad, faults...)
 	recs := map[string]Allocation{}
 	for _, kv := range owners {
 		var rec Allocation

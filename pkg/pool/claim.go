@@ -11,76 +11,139 @@ import (
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
-// planClaim returns a ring in which this host owns more of pool. The
-// allocation that needed the space commits it together with the new
-// address, conditioned on the ring being unchanged, so claimed space cannot
-// be taken away before it is used. In order of preference:
-//  1. an unowned range, whole;
+// maxRandomBlocks bounds the random aligned blocks a claim of unowned
+// space tries (one single-key read each) before it scans the ranges for
+// a gap.
+const maxRandomBlocks = 8
+
+// planClaim gives this host more of t's pool, in t's ring transaction:
+// the allocation that needed the space commits it together with the new
+// address, so claimed space cannot be taken away before it is used. In
+// order of preference:
+//  1. unowned space: an aligned block (blockSize) that holds no range,
+//     the pool's first block, then up to maxRandomBlocks pseudo-random
+//     ones (blockAddr: hosts that start together claim different blocks,
+//     as with Calico's random block search), each found with one
+//     single-key read;
+//     failing that, the first gap the pool's ranges leave (a full read of
+//     the range keys, once the random blocks missed), cut to its aligned
+//     block (claimGap says why that is safe);
 //  2. a tombstoned range that holds no address any more, whole; else the
-//     largest free hole of the tombstoned ranges, whole;
+//     largest free hole of the tombstoned ranges;
 //  3. a range of the live host with the most free addresses that holds no
 //     address, whole; else the upper half of its largest free hole (only
-//     free addresses change hands).
+//     free addresses change hands). Finding the donor reads every host's
+//     state of the pool: only a fully claimed pool gets there.
 //
 // In case 3 the donor is alive and may commit an allocation in the space
-// given between this read and the claim's commit; its commit does not
-// change the ring, so the ring's condition does not see it. The returned
-// condition (non-nil in case 3 only) says that no address key exists in
-// the space given, which the scans that found it free read: the commit
-// requires it too, so a donor's allocation that landed there first fails
-// the claim, which plans again. No address ever lies in a range its host
-// does not own, not even briefly, and no step after the commit is needed.
-// Cases 1 and 2 need no such condition: an address is created in unowned
-// or tombstoned space only by a commit that changes the ring (a static
-// request moves its address to its host).
+// given between this read and the claim's commit; the claim rewrites the
+// donor's state (its ranges), conditioned on its revision, which any such
+// allocation changes, and it also requires that no address key exists in
+// the space given (noAddrIn, which the scans that found it free read):
+// two guards, each enough alone (the broken variant noRangeCond drops
+// both). No address ever lies in a range its host does not own, not even
+// briefly, and no step after the commit is needed. Cases 1 and 2 need no
+// such condition: an address is created in unowned or tombstoned space
+// only by a commit that changes its range keys (a static request moves
+// its address to its host), and those keys are conditions.
 //
 // With no free address anywhere it returns a *CapacityError.
-func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring) (ring, *store.Cond, error) {
+func (a *Allocator) planClaim(ctx context.Context, t *poolTxn) error {
+	pool, def, tx := t.name, t.def, t.ringTxn(a)
 	segs := dynamicSegmentsOf(def)
 	is4 := def.is4()
 	a.stats.claims.Add(1)
-	for i, t := range r.tokens {
-		if t.Host == "" && len(clip(r.spanOf(i), segs)) > 0 {
-			s := r.spanOf(i)
-			return r.assign(s.lo, s.hi, a.host), nil, nil
+	if len(segs) == 0 {
+		return &CapacityError{Pool: pool, Capacity: "0"}
+	}
+	// 1. Unowned space, by aligned blocks.
+	var tried []u128
+	for i := 0; i <= maxRandomBlocks; i++ {
+		v := segs[0].lo
+		if i > 0 {
+			v = blockAddr(segs, a.host, pool, i)
+		}
+		b, c := tx.blockOf(v)
+		if slices.Contains(tried, b.lo) || len(clip(c, segs)) == 0 {
+			continue
+		}
+		tried = append(tried, b.lo)
+		succ, ok, err := tx.next(ctx, c.lo)
+		if err != nil {
+			return err
+		}
+		if !ok || succ.lo.cmp(c.hi) > 0 {
+			return tx.claimGap(ctx, c, b, succ, ok, a.host)
 		}
 	}
-	// Tombstoned space: an empty range whole, else the largest free hole
-	// of the tombstoned ranges, whole (nobody allocates there any more, so
-	// there is no donor to race). Only its free addresses change hands; the
-	// held ones stay tombstoned until they are released.
-	var tombs []span
-	for i, t := range r.tokens {
-		if !t.Tomb {
-			continue
+	rs, err := a.scanRanges(ctx, pool, is4)
+	if err != nil {
+		return err
+	}
+	rs = tx.overlay(rs)
+	prev, open := tx.space.lo, true
+	var tombs []rangeKV
+	for i := 0; ; i++ {
+		var gap span
+		hasGap := false
+		switch {
+		case i < len(rs) && open && rs[i].lo.cmp(prev) > 0:
+			gap, hasGap = span{prev, rs[i].lo.dec()}, true
+		case i == len(rs) && open:
+			gap, hasGap = span{prev, tx.space.hi}, true
 		}
-		clipped := clip(r.spanOf(i), segs)
-		if len(clipped) == 0 {
-			continue
+		if free := clip(gap, segs); hasGap && len(free) > 0 {
+			b, c := tx.blockOf(free[0].lo)
+			c = span{maxU(c.lo, gap.lo), minU(c.hi, gap.hi)}
+			succ, ok, err := tx.next(ctx, c.lo)
+			if err != nil {
+				return err
+			}
+			if ok && succ.lo.cmp(c.hi) <= 0 {
+				return fmt.Errorf("%w: pool %s: space was claimed meanwhile", store.ErrConflict, pool)
+			}
+			return tx.claimGap(ctx, c, b, succ, ok, a.host)
 		}
-		s := r.spanOf(i)
-		held, err := a.st.Scan(ctx, addrKey(pool, s.lo, is4), addrKeysEnd(pool, s.hi, is4), 1)
+		if i == len(rs) {
+			break
+		}
+		if rs[i].tomb && len(clip(rs[i].span, segs)) > 0 {
+			tombs = append(tombs, rs[i])
+		}
+		open = rs[i].hi.cmp(tx.space.hi) < 0
+		if open {
+			prev = rs[i].hi.inc()
+		}
+	}
+	// 2. Tombstoned space: an empty range whole, else the largest free
+	// hole of the tombstoned ranges (nobody allocates there any more, so
+	// there is no donor to race). Only its free addresses change hands;
+	// the held ones stay tombstoned until they are released.
+	var tombSpans []span
+	for _, r := range tombs {
+		held, err := a.st.Scan(ctx, addrKey(pool, r.lo, is4), addrKeysEnd(pool, r.hi, is4), 1)
 		if err != nil {
-			return ring{}, nil, err
+			return err
 		}
 		if len(held) == 0 || a.broken.ignoreTombs {
-			return r.assign(s.lo, s.hi, a.host), nil, nil
+			return a.takeFrom(ctx, tx, r.span, r.lo)
 		}
-		tombs = append(tombs, clipped...)
+		tombSpans = append(tombSpans, clip(r.span, segs)...)
 	}
-	if len(tombs) > 0 {
-		hole, ok, err := a.largestHole(ctx, pool, is4, tombs, netip.Addr{})
+	if len(tombSpans) > 0 {
+		hole, ok, err := a.largestHole(ctx, pool, is4, tombSpans, netip.Addr{})
 		if err != nil {
-			return ring{}, nil, err
+			return err
 		}
 		if ok {
-			return r.assign(hole.lo, hole.hi, a.host), nil, nil
+			return a.takeFrom(ctx, tx, hole, hole.lo)
 		}
 	}
 
+	// 3. Donation: the live host with the most free space.
 	hostKVs, err := a.st.Scan(ctx, hostPrefix(pool), store.PrefixEnd(hostPrefix(pool)), 0)
 	if err != nil {
-		return ring{}, nil, err
+		return err
 	}
 	type donor struct {
 		host  string
@@ -91,29 +154,21 @@ func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring)
 	}
 	var donors []donor
 	var used uint64
-	states := map[string]store.KV{}
 	for _, kv := range hostKVs {
-		states[kv.Key[len(hostPrefix(pool)):]] = kv
-	}
-	// A host that owns ranges but never wrote its state is a donor too
-	// (its state key is then required to stay absent).
-	for _, t := range r.tokens {
-		if _, ok := states[t.Host]; t.Host != "" && !t.Tomb && !ok {
-			states[t.Host] = store.KV{Key: hostKey(pool, t.Host)}
+		d := donor{host: kv.Key[len(hostPrefix(pool)):], kv: kv}
+		if err := json.Unmarshal(kv.Value, &d.state); err != nil {
+			return fmt.Errorf("pool %s host %s: corrupt state: %w", pool, d.host, err)
 		}
-	}
-	for host, kv := range states {
-		d := donor{host: host, kv: kv}
-		if kv.Exists() {
-			if err := json.Unmarshal(kv.Value, &d.state); err != nil {
-				return ring{}, nil, fmt.Errorf("pool %s host %s: corrupt state: %w", pool, d.host, err)
-			}
+		if he, ok := tx.hosts[d.host]; ok && he.st != nil && !he.own {
+			// This commit changed it already (an earlier claim of the
+			// same request): plan on the changed state, as read.
+			d.state, d.kv = *he.st, he.kv
 		}
 		used += d.state.Used
 		if d.host == a.host {
 			continue
 		}
-		d.spans = r.ownedBy(d.host, segs)
+		d.spans = clipAll(d.state.spans(), segs)
 		c := capacityOf(d.spans)
 		if c.cmp(u128{lo: d.state.Used}) > 0 {
 			d.free = c.sub(u128{lo: d.state.Used})
@@ -128,47 +183,71 @@ func (a *Allocator) planClaim(ctx context.Context, pool string, def Def, r ring)
 	})
 	for _, d := range donors {
 		// A range of the donor that holds no address at all changes owner
-		// whole (seed 002's first case), a one-token change.
-		if s, ok, err := a.emptyRange(ctx, pool, is4, r, d.host, segs); err != nil {
-			return ring{}, nil, err
-		} else if ok {
-			c := noAddrIn(pool, is4, s)
-			return r.assign(s.lo, s.hi, a.host), &c, nil
-		}
-		hole, ok, err := a.largestHole(ctx, pool, is4, d.spans, d.state.Cursor)
+		// whole (seed 002's first case).
+		give, ok, err := a.emptyRange(ctx, pool, is4, d.state.spans(), segs)
 		if err != nil {
-			return ring{}, nil, err
+			return err
 		}
 		if !ok {
-			continue
+			hole, found, err := a.largestHole(ctx, pool, is4, d.spans, d.state.Cursor)
+			if err != nil {
+				return err
+			}
+			if !found {
+				continue
+			}
+			give = hole
+			if n := hole.size(); n.cmp(u128{lo: 1}) > 0 {
+				give.lo = hole.lo.add(n.half())
+			}
 		}
-		give := hole
-		if n := hole.size(); n.cmp(u128{lo: 1}) > 0 {
-			give.lo = hole.lo.add(n.half())
+		tx.seed(d.host, d.kv, d.state, true)
+		if !a.broken.noRangeCond {
+			tx.conds = append(tx.conds, noAddrIn(pool, is4, give))
 		}
-		c := noAddrIn(pool, is4, give)
-		return r.assign(give.lo, give.hi, a.host), &c, nil
+		return a.takeFrom(ctx, tx, give, give.lo)
 	}
-	return ring{}, nil, &CapacityError{Pool: pool, Used: used, Capacity: capacityOf(segs).String()}
+	return &CapacityError{Pool: pool, Used: used, Capacity: capacityOf(segs).String()}
+}
+
+// takeFrom gives s, inside the range holding v, to this host in tx.
+func (a *Allocator) takeFrom(ctx context.Context, tx *ringTxn, s span, v u128) error {
+	r, held, _, err := tx.at(ctx, v)
+	if err != nil {
+		return err
+	}
+	if !held || r.lo.cmp(s.lo) > 0 || r.hi.cmp(s.hi) < 0 {
+		return fmt.Errorf("%w: pool %s: the range holding %s changed while it was read", store.ErrConflict, tx.pool, v.addr(tx.is4))
+	}
+	return tx.assign(ctx, r, s, a.host, false)
+}
+
+// clipAll clips every span to the segments.
+func clipAll(ss []span, segs []span) []span {
+	var out []span
+	for _, s := range ss {
+		out = append(out, clip(s, segs)...)
+	}
+	return out
 }
 
 // maxEmptyRangeScan bounds how many of a donor's ranges a claim reads to
 // find one that holds no address (one single-key scan each).
 const maxEmptyRangeScan = 16
 
-// emptyRange returns a live range of host, with addresses dynamic
-// allocation may hand out, that holds no address (no owner, no hold).
-func (a *Allocator) emptyRange(ctx context.Context, pool string, is4 bool, r ring, host string, segs []span) (span, bool, error) {
+// emptyRange returns one of a donor's ranges (from its state), with
+// addresses dynamic allocation may hand out, that holds no address (no
+// owner, no hold).
+func (a *Allocator) emptyRange(ctx context.Context, pool string, is4 bool, ranges []span, segs []span) (span, bool, error) {
 	scanned := 0
-	for i, t := range r.tokens {
-		if t.Host != host || t.Tomb || len(clip(r.spanOf(i), segs)) == 0 {
+	for _, s := range ranges {
+		if len(clip(s, segs)) == 0 {
 			continue
 		}
 		if scanned == maxEmptyRangeScan {
 			break
 		}
 		scanned++
-		s := r.spanOf(i)
 		held, err := a.st.Scan(ctx, addrKey(pool, s.lo, is4), addrKeysEnd(pool, s.hi, is4), 1)
 		if err != nil {
 			return span{}, false, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -119,7 +120,7 @@ func runClaimRace(t *testing.T, open func(t *testing.T) store.Store) {
 
 			writesRing := func(ops []store.Op) bool {
 				for _, o := range ops {
-					if o.Key == ringKey("p") {
+					if strings.HasPrefix(o.Key, rangePrefix("p")) {
 						return true
 					}
 				}

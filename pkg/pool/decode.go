@@ -3,8 +3,11 @@ package pool
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/ringipam/ringipam/pkg/store"
 )
 
 // Decoders of raw stored values, for a reader that keeps its own copy of
@@ -37,17 +40,36 @@ func ParseDef(key string, value []byte) (Def, error) {
 	return d, nil
 }
 
-// DecodeRing decodes the stored ring of pool (the value of g/<pool>; nil
-// when the pool has no ring yet: every range unowned), with the pool's
-// definition, as RingOf returns it.
-func DecodeRing(pool string, def Def, value []byte) (Ring, error) {
-	var tokens []token
-	if value != nil {
-		if err := json.Unmarshal(value, &tokens); err != nil {
-			return Ring{}, fmt.Errorf("pool %s: stored ring is corrupt: %w", pool, err)
-		}
+// RangeKeyPool returns the pool of a range key (g/<pool>/<last address>,
+// under RingKeyPrefix); false for any other key, such as the marker
+// layout 3's ring key holds.
+func RangeKeyPool(key string) (string, bool) {
+	rest, ok := strings.CutPrefix(key, prefixRing)
+	if !ok {
+		return "", false
 	}
-	r := ringFrom(def, tokens)
+	pool, last, ok := strings.Cut(rest, "/")
+	return pool, ok && pool != "" && last != ""
+}
+
+// DecodeRingKeys decodes pool's ring from the values of its range keys
+// (every key under RingKeyPrefix that RangeKeyPool says is pool's: keys
+// maps each to its value, in any order), with the pool's definition, as
+// RingOf returns it. No key: every range unowned.
+func DecodeRingKeys(pool string, def Def, keys map[string][]byte) (Ring, error) {
+	var rs []rangeKV
+	for k, v := range keys {
+		r, err := decodeRangeKV(store.KV{Key: k, Value: v, Revision: 1}, def.is4())
+		if err != nil {
+			return Ring{}, fmt.Errorf("pool %s: %w", pool, err)
+		}
+		rs = append(rs, r)
+	}
+	slices.SortFunc(rs, func(x, y rangeKV) int { return x.hi.cmp(y.hi) })
+	r, err := ringOfRanges(def, rs)
+	if err != nil {
+		return Ring{}, fmt.Errorf("pool %s: %w", pool, err)
+	}
 	if err := r.check(); err != nil {
 		return Ring{}, fmt.Errorf("pool %s: %w", pool, err)
 	}

@@ -58,12 +58,20 @@ func TestDecodersAgreeWithTheReads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rk := scan(pool.RingKeyPrefix)
-	got, err := pool.DecodeRing("p", d, rk[0].Value)
-	if err != nil || !reflect.DeepEqual(got, ring) {
-		t.Fatalf("DecodeRing %+v, %v; RingOf %+v", got, err, ring)
+	keys := map[string][]byte{}
+	for _, kv := range scan(pool.RingKeyPrefix) {
+		if p, ok := pool.RangeKeyPool(kv.Key); ok && p == "p" {
+			keys[kv.Key] = kv.Value
+		}
 	}
-	if empty, err := pool.DecodeRing("p", d, nil); err != nil || len(empty.Ranges) == 0 || empty.Ranges[0].Host != "" {
+	if len(keys) == 0 {
+		t.Fatal("no range key of pool p")
+	}
+	got, err := pool.DecodeRingKeys("p", d, keys)
+	if err != nil || !reflect.DeepEqual(got, ring) {
+		t.Fatalf("DecodeRingKeys %+v, %v; RingOf %+v", got, err, ring)
+	}
+	if empty, err := pool.DecodeRingKeys("p", d, nil); err != nil || len(empty.Ranges) == 0 || empty.Ranges[0].Host != "" {
 		t.Fatalf("no ring yet: %+v, %v", empty, err)
 	}
 	infos, err := b.Hosts(ctx, 0)

@@ -53,7 +53,7 @@ func (a *Allocator) Define(ctx context.Context, defs ...Def) error {
 			}
 			b, _ := json.Marshal(d)
 			conds = append(conds, store.Cond{Key: kv.Key})
-			ops = append(ops, store.Put(kv.Key, b))
+			ops = append(ops, store.Put(kv.Key, b), store.Put(oldRingKey(d.Name), movedMarker(d.Name)))
 		}
 		if len(ops) == 0 {
 			return nil

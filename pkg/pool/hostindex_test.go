@@ -239,12 +239,12 @@ func TestLayoutV2StoreGainsTheHostIndex(t *testing.T) {
 		t.Fatalf("audit after migration: %v %v", v, err)
 	}
 	// A layout newer than this code's is refused.
-	if err := st.Commit(ctx, nil, []store.Op{store.Put(layoutKey, []byte("4"))}); err != nil {
+	if err := st.Commit(ctx, nil, []store.Op{store.Put(layoutKey, []byte("5"))}); err != nil {
 		t.Fatal(err)
 	}
 	h4, _ := New(st, "h4")
-	if _, _, err := h4.Lookup(ctx, hostOwner("h1", 0)); err == nil || !strings.Contains(err.Error(), `"4"`) {
-		t.Fatalf("layout 4: %v, want ErrLayout", err)
+	if _, _, err := h4.Lookup(ctx, hostOwner("h1", 0)); err == nil || !strings.Contains(err.Error(), `"5"`) {
+		t.Fatalf("layout 5: %v, want ErrLayout", err)
 	}
 }
 

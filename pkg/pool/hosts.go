@@ -459,18 +459,19 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 		return nil, err
 	}
 	for _, kv := range rings {
-		var tokens []token
-		if err := json.Unmarshal(kv.Value, &tokens); err != nil {
-			return nil, fmt.Errorf("%s: corrupt ring: %w", kv.Key, err)
+		if _, ok := RangeKeyPool(kv.Key); !ok {
+			continue // a layout-3 ring key's marker
 		}
-		for _, t := range tokens {
-			if t.Host == "" {
-				continue
-			}
-			h := info(t.Host)
-			if !t.Tomb {
-				h.Ranges++
-			}
+		var rec rangeRec
+		if err := json.Unmarshal(kv.Value, &rec); err != nil {
+			return nil, fmt.Errorf("%s: corrupt range: %w", kv.Key, err)
+		}
+		if rec.Host == "" {
+			continue
+		}
+		h := info(rec.Host)
+		if !rec.Tomb {
+			h.Ranges++
 		}
 	}
 	now := a.now()

@@ -339,11 +339,7 @@ func (a *Allocator) planReclaim(ctx context.Context, info HostInfo) (ReclaimPlan
 		if err != nil {
 			return p, err
 		}
-		g, err := a.st.Get(ctx, ringKey(name))
-		if err != nil {
-			return p, err
-		}
-		r, err := decodeRing(def, g[0])
+		r, err := a.poolRing(ctx, name, def)
 		if err != nil {
 			return p, err
 		}

@@ -18,7 +18,7 @@ const (
 	registryKey = "x/pools" // every recorded pool's ranges: one address space
 
 	prefixDef        = "d/" // d/<pool>: definition
-	prefixRing       = "g/" // g/<pool>: the ring
+	prefixRing       = "g/" // g/<pool>/<hex last address>: one range of the ring (ranges.go)
 	prefixHost       = "h/" // h/<pool>/<host>: a host's state in a pool
 	prefixAddr       = "a/" // a/<pool>/<hex>: an address is taken
 	prefixOwner      = "o/" // o/<kind>/<network>/<ctr>/<if>: an owner's allocation
@@ -32,7 +32,9 @@ const (
 )
 
 // Prefixes of keys a watcher outside the package follows: RingKeyPrefix
-// holds every pool's ring (claims, donations, tombstones change it),
+// holds every pool's range keys (claims, donations, tombstones change
+// them; DecodeRingKeys reads them), and layout 3's one ring key per pool
+// (g/<pool>, a marker since layout 4: RangeKeyPool tells them apart),
 // HostRecordKeyPrefix every host record (its address).
 const (
 	RingKeyPrefix       = prefixRing
@@ -46,7 +48,6 @@ const (
 const ElectionKeyPrefix = prefixElection
 
 func defKey(pool string) string        { return prefixDef + pool }
-func ringKey(pool string) string       { return prefixRing + pool }
 func hostKey(pool, host string) string { return prefixHost + pool + "/" + host }
 func hostPrefix(pool string) string    { return prefixHost + pool + "/" }
 func addrPrefix(pool string) string    { return prefixAddr + pool + "/" }

@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strings"
 
 	"github.com/ringipam/ringipam/pkg/store"
@@ -16,8 +18,11 @@ import (
 // front end, reservations as r/<network>/<name>, and had no pool registry.
 // Version 2 added the owner's kind to owner keys, address holders and
 // reservation keys, and the pool registry (registryKey). Version 3 adds
-// each host's index of its owners (hostOwnerKey).
-const layoutVersion = "3"
+// each host's index of its owners (hostOwnerKey). Version 4 splits each
+// pool's ring, one key g/<pool> in version 3, into one key per range
+// (ranges.go) and lists each host's ranges in its host state; g/<pool>
+// then holds movedMarker.
+const layoutVersion = "4"
 
 // ErrLayout: the store was written by a newer ringipam whose layout this
 // code does not understand.
@@ -55,7 +60,7 @@ func (a *Allocator) layoutRead(ctx context.Context, lv store.KV) (migrated bool,
 	case v == layoutVersion:
 		a.layoutOK.Store(true)
 		return false, nil
-	case lv.Exists() && v != "2":
+	case lv.Exists() && v != "2" && v != "3":
 		return false, fmt.Errorf("%w: the store has layout %q, this ringipam reads %q: upgrade ringipam", ErrLayout, v, layoutVersion)
 	}
 	if err := a.run(ctx, func(int) error { return a.migrate(ctx) }); err != nil {
@@ -95,7 +100,12 @@ func (a *Allocator) migrate(ctx context.Context) error {
 			return err
 		}
 	}
-	if _, _, err := a.reindex(ctx, false); err != nil {
+	if string(from.Value) != "3" {
+		if _, _, err := a.reindex(ctx, false); err != nil {
+			return err
+		}
+	}
+	if err := a.migrateRings(ctx); err != nil {
 		return err
 	}
 	conds := []store.Cond{store.Unchanged(from)}
@@ -381,4 +391,129 @@ func (a *Allocator) migrateOwner(ctx context.Context, kv store.KV) error {
 		}
 	}
 	return a.st.Commit(ctx, conds, ops)
+}
+
+// migrateRings splits every pool's layout-3 ring (one key g/<pool>) into
+// range keys and lists each host's live ranges in its host state, pool by
+// pool. Every commit of a pool is conditioned on the old ring as read, so
+// a layout-3 process that changes the ring meanwhile restarts the pool's
+// migration (which recomputes everything from the ring, deleting range
+// keys an interrupted attempt left that the ring no longer says); the
+// last one replaces the old ring with movedMarker. A pool's range keys
+// and states may take several commits (store.MaxOps): until its last
+// one, no process of this layout reads them (the version is written
+// after every pool). A layout-3 process rewriting a host state after its
+// migration drops the state's ranges; the host's next allocation repairs
+// them from the range keys (repairState).
+func (a *Allocator) migrateRings(ctx context.Context) error {
+	defs, err := a.st.Scan(ctx, prefixDef, store.PrefixEnd(prefixDef), 0)
+	if err != nil {
+		return err
+	}
+	for _, kv := range defs {
+		pool := strings.TrimPrefix(kv.Key, prefixDef)
+		def, err := parseDef(pool, kv.Value)
+		if err != nil {
+			return err
+		}
+		if err := a.migrateRing(ctx, pool, def); err != nil {
+			return fmt.Errorf("pool %s: %w", pool, err)
+		}
+	}
+	return nil
+}
+
+func (a *Allocator) migrateRing(ctx context.Context, pool string, def Def) error {
+	got, err := a.st.Get(ctx, oldRingKey(pool))
+	if err != nil {
+		return err
+	}
+	old := got[0]
+	var tokens []token
+	if old.Exists() {
+		if err := json.Unmarshal(old.Value, &tokens); err != nil {
+			return nil // movedMarker: migrated already
+		}
+	}
+	r := ringFrom(def, tokens)
+	if err := r.check(); err != nil {
+		return fmt.Errorf("the layout-3 ring is not valid: %w", err)
+	}
+	is4 := def.is4()
+	want := map[string][]byte{}
+	own := map[string][]span{}
+	for i, t := range r.tokens {
+		if t.Host == "" {
+			continue
+		}
+		sp := r.spanOf(i)
+		want[rangeKey(pool, sp.hi, is4)] = rangeKV{span: sp, host: t.Host, tomb: t.Tomb}.encode(is4)
+		if !t.Tomb {
+			own[t.Host] = append(own[t.Host], sp)
+		}
+	}
+	have, err := a.st.Scan(ctx, rangePrefix(pool), store.PrefixEnd(rangePrefix(pool)), 0)
+	if err != nil {
+		return err
+	}
+	states, err := a.st.Scan(ctx, hostPrefix(pool), store.PrefixEnd(hostPrefix(pool)), 0)
+	if err != nil {
+		return err
+	}
+	var ops []store.Op
+	var conds []store.Cond
+	for _, kv := range have {
+		if v, ok := want[kv.Key]; !ok {
+			ops = append(ops, store.Delete(kv.Key))
+		} else if string(v) == string(kv.Value) {
+			delete(want, kv.Key)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		ops = append(ops, store.Put(k, want[k]))
+	}
+	seen := map[string]bool{}
+	for _, kv := range states {
+		host := strings.TrimPrefix(kv.Key, hostPrefix(pool))
+		seen[host] = true
+		var hs hostState
+		if err := decodeHostState(kv.Value, &hs); err != nil {
+			return fmt.Errorf("%s: corrupt host state: %w", kv.Key, err)
+		}
+		hs.setSpans(own[host], is4)
+		hs.Layout = stateLayout
+		if b := encodeHostState(hs); string(b) != string(kv.Value) {
+			ops = append(ops, store.Put(kv.Key, b))
+			conds = append(conds, store.Unchanged(kv))
+		}
+	}
+	for _, host := range slices.Sorted(maps.Keys(own)) {
+		if !seen[host] { // a host that owns ranges but never wrote its state
+			var hs hostState
+			hs.setSpans(own[host], is4)
+			hs.Layout = stateLayout
+			ops = append(ops, store.Put(hostKey(pool, host), encodeHostState(hs)))
+			conds = append(conds, store.Cond{Key: hostKey(pool, host)})
+		}
+	}
+	ops = append(ops, store.Put(oldRingKey(pool), movedMarker(pool)))
+	// Commits of at most store.MaxOps entries, each conditioned on the old
+	// ring; the marker goes last.
+	for len(ops) > 0 {
+		n := min(len(ops), store.MaxOps/2-1)
+		batch := ops[:n]
+		bc := []store.Cond{store.Unchanged(old)}
+		for _, o := range batch {
+			for _, c := range conds {
+				if c.Key == o.Key {
+					bc = append(bc, c)
+				}
+			}
+		}
+		if err := a.st.Commit(ctx, bc, batch); err != nil {
+			return err
+		}
+		ops = ops[n:]
+	}
+	return nil
 }

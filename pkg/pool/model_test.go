@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -36,19 +37,71 @@ func modelAddrs() []u128 {
 
 func modelAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, 0, byte(i)}) }
 
-// modelRing decodes the pool's ring as stored in b (nil: never written).
-func modelRing(st *mstore, b []byte) ring {
+// modelRing decodes the pool's ring from its range keys in st, with the
+// keys of patch replacing them (a nil value: absent), as before or after
+// a commit.
+func modelRing(st *mstore, patch map[string][]byte) ring {
 	def, err := parseDef(modelPool, st.data[defKey(modelPool)].val)
 	if err != nil {
 		panic(err)
 	}
-	var tokens []token
-	if b != nil {
-		if err := decodeTokens(b, &tokens); err != nil {
-			panic(err)
+	vals := map[string][]byte{}
+	for k, e := range st.data {
+		if strings.HasPrefix(k, rangePrefix(modelPool)) {
+			vals[k] = e.val
 		}
 	}
-	return ringFrom(def, tokens)
+	for k, v := range patch {
+		if !strings.HasPrefix(k, rangePrefix(modelPool)) {
+			continue
+		}
+		if v == nil {
+			delete(vals, k)
+		} else {
+			vals[k] = v
+		}
+	}
+	var rs []rangeKV
+	for _, k := range slices.Sorted(maps.Keys(vals)) {
+		r, err := decodeRangeKV(store.KV{Key: k, Value: vals[k], Revision: 1}, true)
+		if err != nil {
+			panic(err)
+		}
+		rs = append(rs, r)
+	}
+	r, err := ringOfRanges(def, rs)
+	if err != nil {
+		// Overlapping ranges: a ring that check refuses.
+		r = newRing(def)
+		r.tokens = append(r.tokens, token{Start: r.tokens[0].Start, Host: "overlapping ranges"})
+	}
+	return r
+}
+
+// opsPatch is the patch of modelRing that ops write.
+func opsPatch(ops []store.Op) map[string][]byte {
+	p := map[string][]byte{}
+	for _, o := range ops {
+		if o.Delete {
+			p[o.Key] = nil
+		} else {
+			p[o.Key] = o.Value
+		}
+	}
+	return p
+}
+
+// beforePatch is the patch of modelRing that undoes a commit.
+func beforePatch(rec *commitRec) map[string][]byte {
+	p := map[string][]byte{}
+	for k, e := range rec.before {
+		if e.rev == 0 {
+			p[k] = nil
+		} else {
+			p[k] = e.val
+		}
+	}
+	return p
 }
 
 func short(a u128) string { return fmt.Sprintf(".%d", a.lo&0xff) }
@@ -175,7 +228,7 @@ type view struct {
 
 func decodeView(st *mstore) (view, error) {
 	v := view{addrs: map[u128]holder{}, owners: map[string]Allocation{}, index: map[string]bool{}, states: map[string]hostState{}, live: map[string]bool{}}
-	v.ring = modelRing(st, st.data[ringKey(modelPool)].val)
+	v.ring = modelRing(st, nil)
 	for k, e := range st.data {
 		switch {
 		case strings.HasPrefix(k, addrPrefix(modelPool)):
@@ -223,6 +276,20 @@ func checkState(m *model, s *mstate, opt checkOptions) string {
 	// The ring covers the pool exactly once.
 	if err := v.ring.check(); err != nil {
 		return "ring-cover: " + err.Error()
+	}
+	// Each host's state lists exactly its live ranges (what its
+	// allocations, conditioned on the state alone, allocate in).
+	for host, hs := range v.states {
+		got := hs.spans()
+		var want []span
+		for i, t := range v.ring.tokens {
+			if t.Host == host && !t.Tomb {
+				want = append(want, v.ring.spanOf(i))
+			}
+		}
+		if capacityOf(got) != capacityOf(want) || !coversAll(want, got) {
+			return fmt.Sprintf("outside-range: %s's state lists %v but the ring gives it %v", host, got, want)
+		}
 	}
 	// No address held by two live owners; records, address keys and the
 	// host index agree.
@@ -352,13 +419,7 @@ func checkCommit(m *model, tr *transition, reclaim bool) string {
 		// No allocation puts an owner into a tombstoned range (owners of
 		// before the tombstoning may be left there; Readopt takes back
 		// only those).
-		now := tr.before.st.data[ringKey(modelPool)].val
-		for _, op := range rec.ops {
-			if op.Key == ringKey(modelPool) {
-				now = op.Value
-			}
-		}
-		r := modelRing(tr.before.st, now)
+		r := modelRing(tr.before.st, opsPatch(rec.ops))
 		for _, op := range rec.ops {
 			if !strings.HasPrefix(op.Key, addrPrefix(modelPool)) || op.Delete || parseHolder(op.Value).IsHold() {
 				continue
@@ -378,10 +439,11 @@ func checkCommit(m *model, tr *transition, reclaim bool) string {
 		return ""
 	}
 	st := tr.before.st // liveness keys: no reclaim commit writes them
+	ringOld, ringNow := modelRing(st, nil), modelRing(st, opsPatch(rec.ops))
 	for _, op := range rec.ops {
 		switch {
-		case op.Key == ringKey(modelPool):
-			old, now := modelRing(st, rec.before[op.Key].val), modelRing(st, op.Value)
+		case strings.HasPrefix(op.Key, rangePrefix(modelPool)):
+			old, now := ringOld, ringNow
 			for _, a := range modelAddrs() {
 				if was, is := old.ownerOf(a), now.ownerOf(a); !was.Tomb && is.Tomb && isLive(st, was.Host) {
 					return fmt.Sprintf("live host reclaimed: %s tombstones %s of %s, whose liveness key exists", o.name, short(a), was.Host)
@@ -750,7 +812,10 @@ func TestModelCheckBroken(t *testing.T) {
 		broken faults
 		want   string // the invariant the violation names
 	}{
-		{"ring condition dropped", ringModel, faults{noRingCond: true}, "outside-range"},
+		// Layout 4: without the range keys' conditions two claims of one
+		// tombstoned range both commit, which leaves overlapping range
+		// keys (in layout 3 the one ring key could not overlap).
+		{"ring condition dropped", ringModel, faults{noRingCond: true}, "ring-cover"},
 		{"host-state condition dropped", ringModel, faults{noHostCond: true}, "host-count"},
 		{"claim's range condition dropped", ringModel, faults{noRangeCond: true}, "outside-range"},
 		{"tombstones ignored", ringModel, faults{ignoreTombs: true}, "outside-range"},
@@ -772,4 +837,18 @@ func TestModelCheckBroken(t *testing.T) {
 			}
 		})
 	}
+}
+
+// coversAll reports whether every span of inner lies inside one of outer.
+func coversAll(outer, inner []span) bool {
+	for _, s := range inner {
+		ok := false
+		for _, o := range outer {
+			ok = ok || o.lo.cmp(s.lo) <= 0 && s.hi.cmp(o.hi) <= 0
+		}
+		if !ok {
+			return false
+		}
+	}
+	return true
 }

@@ -668,17 +668,14 @@ func (m *model) hash(s *mstate) [16]byte {
 // host o.host (proc idx of n, -1 when it ended): the fencing of the ops of
 // a host whose ranges it tombstoned.
 func (m *model) afterCommit(n *mstate, idx int, o mop, rec *commitRec) {
-	var before []byte
 	changed := false
 	for _, op := range rec.ops {
-		if op.Key == ringKey(modelPool) {
-			before, changed = rec.before[op.Key].val, true
-		}
+		changed = changed || strings.HasPrefix(op.Key, rangePrefix(modelPool))
 	}
 	if !changed {
 		return
 	}
-	old, now := modelRing(n.st, before), modelRing(n.st, n.st.data[ringKey(modelPool)].val)
+	old, now := modelRing(n.st, beforePatch(rec)), modelRing(n.st, nil)
 	for _, v := range modelAddrs() {
 		was, is := old.ownerOf(v), now.ownerOf(v)
 		if was.Host != "" && !was.Tomb && is.Host == was.Host && is.Tomb {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"hash/crc32"
 	"slices"
 	"strconv"
@@ -12,36 +11,30 @@ import (
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
-// Notes: an allocation on etcd reads the pool's definition, its ring and
-// this host's state, then commits; two round trips. This host wrote its
-// state itself last time, and the definition and the ring seldom change,
-// so a note of what the last allocation or release here wrote lets the
-// next allocation plan without reading and commit in one round trip,
-// conditioned on the noted keys being still at the noted revisions
-// (store.Speculator). When they are not, the same round trip answers the
-// store's state and the allocation goes on as if it had read it: two round
-// trips, as without notes.
+// Notes: an allocation on etcd reads the pool's definition and this
+// host's state (its ranges among it), then commits; two round trips. This
+// host wrote its state itself last time, and the definition never changes
+// once recorded, so a note of what the last allocation or release here
+// wrote lets the next allocation plan without reading and commit in one
+// round trip, conditioned on the noted keys being still at the noted
+// revisions (store.Speculator). When they are not, the same round trip
+// answers the store's state and the allocation goes on as if it had read
+// it: two round trips, as without notes.
 //
-// The note keeps the values (the ring, to plan on), but the commit
-// carries only their revisions: eight bytes each, where the ring grows
-// with the number of hosts. A revision names a value only within the
-// history it was read from; this host's own state, small, is also
-// compared by value, and that anchors the rest: it holds the bytes this
-// host wrote at the noted revision, which no other noted revision exceeds
-// (anchored). A store that holds those bytes at that revision has the
-// noted history up to there: one restored from an older backup holds this
-// host's older state (or the same write, and all before it), one written
-// afresh holds other bytes or another revision, short of another write of
-// the very same bytes (the last-seen second included) at the very same
-// revision. So keys at their noted revisions hold their noted values.
+// A revision names a value only within the history it was read from;
+// this host's own state, small, is also compared by value, and that
+// anchors the rest: it holds the bytes this host wrote at the noted
+// revision, which no other noted revision exceeds (anchored). A store
+// that holds those bytes at that revision has the noted history up to
+// there: one restored from an older backup holds this host's older state
+// (or the same write, and all before it), one written afresh holds other
+// bytes or another revision, short of another write of the very same
+// bytes (the last-seen second included) at the very same revision. So
+// keys at their noted revisions hold their noted values.
 //
-// Nor does an allocation decode the whole noted ring, which cost every
-// ADD about a millisecond of CPU per 1 000 hosts: the note also keeps
-// this host's ranges alone, the others' space merged into ranges of no
-// real host (ownRanges), which is all a dynamic allocation plans on. A
-// plan that needs the others' ranges (a claim, a static address in
-// another host's range) decodes the whole ring then (unnote), as a plan
-// on a read does.
+// Since layout 4 no ring key is read or noted: the host's ranges travel
+// in its state (ranges.go), so nothing the size of the ring travels with
+// an allocation, noted or not.
 
 // NoteKeeper keeps one note per name for this host's processes (ipam-ring:
 // a file beside the pool's host lock). The allocator reads and writes a
@@ -59,34 +52,25 @@ type NoteKeeper interface {
 // notes of their pools and commit in one round trip when the notes hold.
 func WithNotes(k NoteKeeper) Option { return func(a *Allocator) { a.notes = k } }
 
-// poolNote is what this host last knew of one pool: its definition, its
-// ring and this host's state, each with the revision it had in the store
-// (0: absent), and own, the ring's value cut to this host's ranges
-// (ownRanges; nil with the ring absent, or until withOwn).
+// poolNote is what this host last knew of one pool: its definition and
+// this host's state, each with the revision it had in the store (0:
+// absent).
 type poolNote struct {
-	def, ring, host store.KV
-	own             []byte
-}
-
-// withOwn sets n.own from n.ring, unless it is set.
-func (n *poolNote) withOwn(a *Allocator) {
-	if n.own == nil && n.ring.Exists() {
-		n.own = a.ownRanges(n.ring.Value)
-	}
+	def, host store.KV
 }
 
 func (a *Allocator) noteName(pool string) string { return pool + "@" + a.host }
 
 func (a *Allocator) newNote(pool string) poolNote {
-	return poolNote{def: store.KV{Key: defKey(pool)}, ring: store.KV{Key: ringKey(pool)}, host: store.KV{Key: hostKey(pool, a.host)}}
+	return poolNote{def: store.KV{Key: defKey(pool)}, host: store.KV{Key: hostKey(pool, a.host)}}
 }
 
 // noteMagic starts every note: the format's name and version (1 was
-// values without revisions; such a note does not decode, which costs one
-// round trip).
-const noteMagic = "ringipam pool note 2\n"
+// values without revisions, 2 also noted the ring of layout 3; such a
+// note does not decode, which costs one round trip).
+const noteMagic = "ringipam pool note 3\n"
 
-// encode writes the three keys and own (with the ring's revision), each
+// encode writes the two keys, each
 // as a line "<revision> <length>" (or "-" when absent) followed by its
 // value's bytes and a newline, and "end" with the CRC-32C of all before
 // it last: a note cut short anywhere, or mixed with its predecessor by a
@@ -95,11 +79,7 @@ const noteMagic = "ringipam pool note 2\n"
 // revisions do not, so the note checks itself.)
 func (n poolNote) encode() []byte {
 	b := []byte(noteMagic)
-	own := store.KV{Value: n.own}
-	if n.own != nil {
-		own.Revision = n.ring.Revision
-	}
-	for _, kv := range []store.KV{n.def, n.ring, n.host, own} {
+	for _, kv := range []store.KV{n.def, n.host} {
 		if !kv.Exists() {
 			b = append(b, "-\n"...)
 			continue
@@ -134,8 +114,7 @@ func decodeNote(b []byte, n *poolNote) error {
 	if err != nil || uint32(sum) != crc32.Checksum(b[:at+len("end ")], castagnoli) {
 		return errBadNote
 	}
-	var own store.KV
-	for _, kv := range []*store.KV{&n.def, &n.ring, &n.host, &own} {
+	for _, kv := range []*store.KV{&n.def, &n.host} {
 		line, after, ok := bytes.Cut(rest, []byte{'\n'})
 		if !ok {
 			return errBadNote
@@ -158,10 +137,9 @@ func decodeNote(b []byte, n *poolNote) error {
 		}
 		kv.Value, kv.Revision, rest = bytes.Clone(after[:size]), rev, after[size+1:]
 	}
-	if len(rest) != len(b)-at || own.Exists() != n.ring.Exists() || own.Revision != n.ring.Revision {
+	if len(rest) != len(b)-at {
 		return errBadNote
 	}
-	n.own = own.Value
 	return nil
 }
 
@@ -183,13 +161,13 @@ func (a *Allocator) readNote(pool string) (poolNote, bool) {
 // anchored reports whether n can be believed: the definition and this
 // host's state present, and no revision noted later than the state's.
 func (n poolNote) anchored() bool {
-	return n.def.Exists() && n.host.Exists() && n.def.Revision <= n.host.Revision && n.ring.Revision <= n.host.Revision
+	return n.def.Exists() && n.host.Exists() && n.def.Revision <= n.host.Revision
 }
 
 // apply updates n by what ops, committed at revision rev, wrote.
 func (n *poolNote) apply(ops []store.Op, rev int64) {
 	for _, o := range ops {
-		for _, kv := range []*store.KV{&n.def, &n.ring, &n.host} {
+		for _, kv := range []*store.KV{&n.def, &n.host} {
 			switch {
 			case o.Key != kv.Key:
 			case o.Delete:
@@ -197,9 +175,6 @@ func (n *poolNote) apply(ops []store.Op, rev int64) {
 			default:
 				kv.Value, kv.Revision = o.Value, rev
 			}
-		}
-		if o.Key == n.ring.Key {
-			n.own = nil
 		}
 	}
 }
@@ -211,50 +186,6 @@ func (a *Allocator) speculating() (store.Speculator, bool) {
 	}
 	sp, ok := a.st.(store.Speculator)
 	return sp, ok
-}
-
-// ownRanges returns the tokens of the stored ring value v (absent: nil)
-// with every range that is not this host's merged into ranges of no
-// host: the ring a note keeps (see above). A value that does not decode
-// is kept as it is, to fail where the ring is decoded.
-func (a *Allocator) ownRanges(v []byte) []byte {
-	var tokens []token
-	if v == nil || decodeTokens(v, &tokens) != nil {
-		return v
-	}
-	out := tokens[:0]
-	for _, t := range tokens {
-		if t.Host != a.host {
-			if len(out) > 0 && out[len(out)-1].Host == othersHost {
-				continue
-			}
-			t = token{Start: t.Start, Host: othersHost}
-		}
-		out = append(out, t)
-	}
-	return encodeTokens(out)
-}
-
-// othersHost owns, in a note's own ranges, those that are not this
-// host's (no host is named so: names are validated). A plan that would
-// look at them decodes the whole ring first (unnote).
-const othersHost = "\x00others"
-
-// unnote replaces t's ring of this host's ranges, from a note, by the
-// whole ring the note holds, for a plan that needs the others' ranges.
-func (a *Allocator) unnote(t *poolTxn) error {
-	if !t.noted {
-		return nil
-	}
-	var tokens []token
-	if t.fullRing != nil {
-		if err := decodeTokens(t.fullRing, &tokens); err != nil {
-			return fmt.Errorf("pool %s: noted ring is corrupt: %w", t.name, err)
-		}
-	}
-	t.ring = ringFrom(t.def, tokens)
-	t.ringKV.Value, t.noted = t.fullRing, false
-	return nil
 }
 
 // commitNoted commits conds and ops and returns the commit's revision,
@@ -277,15 +208,8 @@ func (a *Allocator) noteAllocation(s *snapshot, p plan, rev int64) {
 		return
 	}
 	for _, t := range s.pools {
-		n := poolNote{def: t.defKV, ring: t.ringKV, host: t.hostKV}
-		if t.noted {
-			n.ring.Value, n.own = t.fullRing, t.ringKV.Value
-		}
+		n := poolNote{def: t.defKV, host: t.hostKV}
 		n.apply(p.ops, rev)
-		n.withOwn(a)
-		// A replay (no commit) after another host changed the ring
-		// notes the ring later than this host's state: not anchored,
-		// the old note stays.
 		if n.anchored() {
 			a.notes.WriteNote(a.noteName(t.name), n.encode())
 		}
@@ -302,7 +226,6 @@ func (a *Allocator) noteRelease(pools []string, ops []store.Op, rev int64) {
 	for _, pool := range pools {
 		if n, ok := a.readNote(pool); ok {
 			n.apply(ops, rev)
-			n.withOwn(a)
 			a.notes.WriteNote(a.noteName(pool), n.encode())
 		}
 	}
@@ -329,18 +252,14 @@ func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]
 	}
 	same := []store.KV{{Key: layoutKey, Value: []byte(layoutVersion)}}
 	var conds []store.Cond
-	full := map[string][]byte{}
 	for _, pool := range pools {
 		n, ok := a.readNote(pool)
 		if !ok {
 			return plan{}, nil, 0, false, nil
 		}
-		own := n.ring
-		own.Value = n.own
-		for _, kv := range []store.KV{n.def, own, n.host} {
+		for _, kv := range []store.KV{n.def, n.host} {
 			kvs[ks.at[kv.Key]] = kv
 		}
-		full[pool] = n.ring.Value
 		// The definition is not a condition of the plan (it never
 		// changes once recorded); the note's must be the store's. The
 		// host state is, by revision; its value anchors the revisions.
@@ -351,9 +270,6 @@ func (a *Allocator) speculate(ctx context.Context, req Request, defs map[string]
 	// ordinary path reads and decides, and reports what is really wrong.
 	if s, err = a.decodeSnapshot(ctx, req, defs, ks, pools, kvs); err != nil || len(s.newDefs) > 0 {
 		return plan{}, nil, 0, false, nil
-	}
-	for _, t := range s.pools {
-		t.noted, t.fullRing = true, full[t.name]
 	}
 	if p, err = a.plan(ctx, s, req, true); err != nil || p.noop {
 		return plan{}, nil, 0, false, nil

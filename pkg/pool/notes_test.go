@@ -196,7 +196,7 @@ func TestWrongNotesAreOnlyARoundTrip(t *testing.T) {
 		{"a note of another history at the same revisions", func(t *testing.T, _ *callLog, notes *memNotes) {
 			// As after a restore from a backup: the store's revisions are
 			// the note's, the bytes this host wrote there are not.
-			n := poolNote{def: store.KV{Key: defKey("p")}, ring: store.KV{Key: ringKey("p")}, host: store.KV{Key: hostKey("p", "h1")}}
+			n := poolNote{def: store.KV{Key: defKey("p")}, host: store.KV{Key: hostKey("p", "h1")}}
 			if err := decodeNote(notes.ReadNote("p@h1"), &n); err != nil {
 				t.Fatal(err)
 			}
@@ -367,12 +367,7 @@ func TestNoteEncoding(t *testing.T) {
 	n := a.newNote("p")
 	n.def.Value, n.def.Revision = []byte(`{"name":"p"}`), 3
 	n.host.Value, n.host.Revision = []byte("\n3 4\nend\n"), 1234567890123
-	n.ring.Value, n.ring.Revision = []byte(`[{"s":"198.18.0.1","h":"h1"},{"s":"198.18.0.9","h":"h2"}]`), 5
-	n.withOwn(a)
-	var tokens []token
-	if err := decodeTokens(n.own, &tokens); err != nil || len(tokens) != 2 || tokens[0].Host != "h1" || tokens[1].Host != othersHost {
-		t.Fatalf("own ranges %s (%v): want h1's, then h2's under %q", n.own, err, othersHost)
-	}
+	n.host.Value = []byte(`{"u":3,"g":[{"s":"198.18.0.1","e":"198.18.0.8"}],"v":4}`)
 	b := n.encode()
 	got := a.newNote("p")
 	if err := decodeNote(b, &got); err != nil {
@@ -391,12 +386,10 @@ func TestNoteEncoding(t *testing.T) {
 	}
 	// A note written over its predecessor of the same length and cut
 	// short by a crash: the new note's head, the old one's tail. Its
-	// frames all parse (the ring is as long in both), so only the sum
+	// frames all parse (the state is as long in both), so only the sum
 	// tells.
 	m := n
-	m.ring.Value = []byte(`[{"s":"198.18.0.1","h":"h1"},{"s":"198.18.0.7","h":"h2"}]`)
-	m.own = nil
-	m.withOwn(a)
+	m.host.Value = []byte(`{"u":3,"g":[{"s":"198.18.0.1","e":"198.18.0.7"}],"v":4}`)
 	newer := m.encode()
 	if len(newer) != len(b) {
 		t.Fatalf("notes of %d and %d bytes: the case needs equal lengths", len(newer), len(b))
@@ -411,8 +404,8 @@ func TestNoteEncoding(t *testing.T) {
 
 // A dual-stack request (two pools, one note each) and one with a
 // reservation name commit on the notes too; a second host's claim in one
-// of the pools spoils only that pool's note, and the allocation still
-// lands in this host's ranges.
+// of the pools spoils neither note, and the allocation still lands in
+// this host's ranges.
 func TestNotesWithTwoPoolsAndReservations(t *testing.T) {
 	ctx := context.Background()
 	st := &callLog{Store: memory.New()}
@@ -456,7 +449,10 @@ func TestNotesWithTwoPoolsAndReservations(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.take()
-	alloc("c4", "", []string{"commit-or-get", "commit"})
+	// Layout 4: h2's claim takes an unowned block of p6 and changes
+	// nothing h1's notes hold (in layout 3 it rewrote the ring, which
+	// cost c4 a second round trip).
+	alloc("c4", "", []string{"commit-or-get"})
 	alloc("c5", "", []string{"commit-or-get"})
 	for _, p := range []string{"p4", "p6"} {
 		bad, err := a.Check(ctx, p)

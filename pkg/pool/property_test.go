@@ -258,12 +258,14 @@ func TestCheckCatchesBrokenState(t *testing.T) {
 			_ = st.Commit(ctx, nil, []store.Op{store.Put(ownerKey(own("intruder")), b)})
 		}},
 		{"allocation outside its host's ranges", func(st *memory.Store, a *Allocator) {
-			b, _ := json.Marshal([]token{{Start: mustAddr("198.18.0.1"), Host: "someone-else"}})
-			_ = st.Commit(ctx, nil, []store.Op{store.Put(ringKey("p"), b)})
+			def, r := readTestRing(t, st, "p")
+			r.tokens = []token{{Start: mustAddr("198.18.0.1"), Host: "someone-else"}}
+			putRing(t, st, def, r, nil)
 		}},
 		{"overlapping ranges", func(st *memory.Store, a *Allocator) {
-			b, _ := json.Marshal([]token{{Start: mustAddr("198.18.0.1"), Host: "h1"}, {Start: mustAddr("198.18.0.1"), Host: "h2"}})
-			_ = st.Commit(ctx, nil, []store.Op{store.Put(ringKey("p"), b)})
+			// A range of h2 inside h1's.
+			s := span{toU128(mustAddr("198.18.0.1")), toU128(mustAddr("198.18.0.2"))}
+			_ = st.Commit(ctx, nil, []store.Op{store.Put(rangeKey("p", s.hi, true), rangeKV{span: s, host: "h2"}.encode(true))})
 		}},
 		{"used count drift", func(st *memory.Store, a *Allocator) {
 			_ = st.Commit(ctx, nil, []store.Op{store.Delete(addrKey("p", toU128(mustAddr("198.18.0.1")), true))})

@@ -248,7 +248,7 @@ func (a *Allocator) Usage(ctx context.Context, pool string) (Usage, error) {
 func (a *Allocator) RingOf(ctx context.Context, pool string) (Ring, error) {
 	ctx, cancel := a.ctx(ctx)
 	defer cancel()
-	kvs, err := a.get(ctx, defKey(pool), ringKey(pool))
+	kvs, err := a.get(ctx, defKey(pool))
 	if err != nil {
 		return Ring{}, err
 	}
@@ -256,13 +256,10 @@ func (a *Allocator) RingOf(ctx context.Context, pool string) (Ring, error) {
 	if err != nil {
 		return Ring{}, err
 	}
-	var tokens []token
-	if kvs[1].Exists() {
-		if err := json.Unmarshal(kvs[1].Value, &tokens); err != nil {
-			return Ring{}, fmt.Errorf("pool %s: stored ring is corrupt: %w", pool, err)
-		}
+	r, err := a.poolRing(ctx, pool, def)
+	if err != nil {
+		return Ring{}, err
 	}
-	r := ringFrom(def, tokens)
 	if err := r.check(); err != nil {
 		return Ring{}, fmt.Errorf("pool %s: %w", pool, err)
 	}

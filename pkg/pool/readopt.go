@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/ringipam/ringipam/pkg/store"
@@ -57,17 +56,21 @@ func (a *Allocator) Readopt(ctx context.Context) ([]string, error) {
 		}
 		type poolRead struct {
 			name string
-			r    ring
-			kvs  []store.KV
+			def  Def
+			kvs  []store.KV // the definition, the host state
 		}
 		pools := make([]poolRead, 0, len(defs))
 		for _, kv := range defs {
 			p := strings.TrimPrefix(kv.Key, prefixDef)
-			_, r, kvs, err := a.readRing(ctx, p, hostKey(p, a.host))
+			kvs, err := a.st.Get(ctx, defKey(p), hostKey(p, a.host))
 			if err != nil {
 				return err
 			}
-			pools = append(pools, poolRead{p, r, kvs})
+			def, err := decodeDef(p, kvs[0])
+			if err != nil {
+				return err
+			}
+			pools = append(pools, poolRead{p, def, kvs})
 		}
 		held, _, err := a.hostOwners(ctx, a.host, "", "")
 		if err != nil {
@@ -83,30 +86,36 @@ func (a *Allocator) Readopt(ctx context.Context) ([]string, error) {
 			}
 		}
 		for _, pr := range pools {
-			p, r, kvs := pr.name, pr.r, pr.kvs
-			out := r
-			for _, v := range mine[p] {
-				if t := out.ownerOf(v); t.Host == a.host && t.Tomb {
-					out = out.assign(v, v, a.host)
+			p, kvs := pr.name, pr.kvs
+			t := &poolTxn{name: p, def: pr.def, hostKV: kvs[1]}
+			if kvs[1].Exists() {
+				if err := decodeHostState(kvs[1].Value, &t.host); err != nil {
+					return fmt.Errorf("%s: corrupt host state: %w", kvs[1].Key, err)
 				}
 			}
-			var hs hostState
-			if kvs[2].Exists() {
-				if err := decodeHostState(kvs[2].Value, &hs); err != nil {
-					return fmt.Errorf("%s: corrupt host state: %w", kvs[2].Key, err)
+			if err := a.repairState(ctx, t); err != nil {
+				return err
+			}
+			tx := t.ringTxn(a)
+			for _, v := range mine[p] {
+				r, held, _, err := tx.at(ctx, v)
+				if err != nil {
+					return err
+				}
+				if held && r.host == a.host && r.tomb {
+					if err := tx.assign(ctx, r, span{v, v}, a.host, false); err != nil {
+						return err
+					}
 				}
 			}
 			used := uint64(len(mine[p]))
-			ringChanged := !slices.Equal(out.tokens, r.tokens)
-			if !ringChanged && hs.Used == used && (kvs[2].Exists() || used == 0) {
+			if tx.empty() && t.host.Used == used && (kvs[1].Exists() || used == 0) {
 				continue
 			}
-			hs.Used = used
-			conds := []store.Cond{store.Unchanged(live[0]), store.Unchanged(kvs[1]), store.Unchanged(kvs[2])}
-			ops := []store.Op{store.Put(hostKey(p, a.host), encodeHostState(hs))}
-			if ringChanged {
-				ops = append(ops, store.Put(ringKey(p), encodeTokens(out.tokens)))
-			}
+			t.host.Used = used
+			conds, ops := tx.finish()
+			conds = append(conds, store.Unchanged(live[0]), store.Unchanged(kvs[1]))
+			ops = append(ops, store.Put(hostKey(p, a.host), encodeHostState(t.host)))
 			if err := a.st.Commit(ctx, conds, ops); err != nil {
 				return err
 			}

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -97,21 +97,23 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 		pools = append(pools, strings.TrimPrefix(kv.Key, prefixDef))
 	}
 	// 1. Fence: tombstone and drop the host state, pool by pool.
+	fenced := map[string][]span{}
 	for _, p := range pools {
 		changed := false
 		err := a.run(ctx, func(int) error {
-			_, r, kvs, err := a.readRing(ctx, p, hostKey(p, host))
-			if err != nil {
-				return err
+			for {
+				done, tombed, err := a.tombstoneBatch(ctx, p, host, guard)
+				if err != nil {
+					return err
+				}
+				if len(tombed) > 0 {
+					changed = true
+					fenced[p] = append(fenced[p], tombed...)
+				}
+				if done {
+					return nil
+				}
 			}
-			t := r.tombstone(host)
-			changed = !slices.Equal(t.tokens, r.tokens)
-			if !changed && !kvs[2].Exists() {
-				return nil
-			}
-			b, _ := json.Marshal(t.tokens)
-			conds := append([]store.Cond{store.Unchanged(kvs[1]), store.Unchanged(kvs[2])}, guard...)
-			return a.st.Commit(ctx, conds, []store.Op{store.Put(ringKey(p), b), store.Delete(hostKey(p, host))})
 		})
 		if err != nil {
 			return rep, fmt.Errorf("tombstoning %s in pool %s: %w", host, p, err)
@@ -126,7 +128,6 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 	if err != nil {
 		return rep, err
 	}
-	rings := map[string]ring{}
 	for _, h := range held {
 		rec := h.rec
 		if len(without(rec.holders(), host)) > 0 {
@@ -141,7 +142,7 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 			}
 			continue
 		}
-		stale, err := a.inTombstone(ctx, rings, host, rec)
+		stale, err := a.inTombstone(ctx, host, rec)
 		if err != nil {
 			return rep, err
 		}
@@ -177,7 +178,7 @@ func (a *Allocator) Reclaim(ctx context.Context, host string, opt ReclaimOptions
 	// 3. Hand the free space over.
 	if opt.ToCaller || opt.Leave {
 		for _, p := range pools {
-			n, err := a.handOver(ctx, p, host, opt.Leave, guard)
+			n, err := a.handOver(ctx, p, host, opt.Leave, guard, fenced[p])
 			if err != nil {
 				return rep, fmt.Errorf("handing %s's space in pool %s to %s: %w", host, p, a.host, err)
 			}
@@ -279,29 +280,88 @@ func (a *Allocator) reclaimClaim(ctx context.Context, h ownerRead, host string, 
 	return dropped, err
 }
 
-func decodeRing(def Def, kv store.KV) (ring, error) {
-	var tokens []token
-	if kv.Exists() {
-		if err := json.Unmarshal(kv.Value, &tokens); err != nil {
-			return ring{}, fmt.Errorf("%s: stored ring is corrupt: %w", kv.Key, err)
+// maxTombBatch bounds the ranges one tombstoning commit changes (each a
+// write and a condition), far below store.MaxOps.
+const maxTombBatch = 32
+
+// tombstoneBatch tombstones up to maxTombBatch of host's ranges in pool,
+// as its state lists them, and takes them off the state, in one commit
+// conditioned on the state and the range keys; the last batch deletes
+// the state (done). Between batches the host's state and its range keys
+// agree, as after every commit. tombed are the ranges tombstoned now.
+func (a *Allocator) tombstoneBatch(ctx context.Context, pool, host string, guard []store.Cond) (done bool, tombed []span, err error) {
+	kvs, err := a.st.Get(ctx, defKey(pool), hostKey(pool, host))
+	if err != nil {
+		return false, nil, err
+	}
+	if !kvs[1].Exists() {
+		return true, nil, nil
+	}
+	def, err := decodeDef(pool, kvs[0])
+	if err != nil {
+		return false, nil, err
+	}
+	t := &poolTxn{name: pool, def: def, hostKV: kvs[1]}
+	if err := decodeHostState(kvs[1].Value, &t.host); err != nil {
+		return false, nil, fmt.Errorf("pool %s host %s: corrupt state: %w", pool, host, err)
+	}
+	if err := (&Allocator{st: a.st, host: host}).repairState(ctx, t); err != nil {
+		return false, nil, err
+	}
+	tx := a.newRingTxn(pool, def)
+	tx.own(host, kvs[1], &t.host)
+	spans := t.host.spans()
+	for _, s := range spans[:min(len(spans), maxTombBatch)] {
+		r, held, _, err := tx.at(ctx, s.lo)
+		if err != nil {
+			return false, nil, err
+		}
+		if held && r.span == s && r.host == host && !r.tomb {
+			if err := tx.assign(ctx, r, s, host, true); err != nil {
+				return false, nil, err
+			}
+			tombed = append(tombed, s)
+		} else {
+			t.host.removeSpan(s, def.is4()) // not its range after all
 		}
 	}
-	return ringFrom(def, tokens), nil
+	conds, ops := tx.finish()
+	conds = append(append(conds, store.Unchanged(kvs[1])), guard...)
+	done = len(t.host.Ranges) == 0
+	if done {
+		ops = append(ops, store.Delete(hostKey(pool, host)))
+	} else {
+		ops = append(ops, store.Put(hostKey(pool, host), encodeHostState(t.host)))
+	}
+	if err := a.st.Commit(ctx, conds, ops); err != nil {
+		return false, nil, err
+	}
+	return done, tombed, nil
+}
+
+// rangeAt returns the range of pool holding addr, if any (one read).
+func (a *Allocator) rangeAt(ctx context.Context, pool string, addr netip.Addr) (rangeKV, bool, error) {
+	v, is4 := toU128(addr), addr.Is4()
+	kvs, err := a.st.Scan(ctx, rangeKey(pool, v, is4), store.PrefixEnd(rangePrefix(pool)), 1)
+	if err != nil || len(kvs) == 0 {
+		return rangeKV{}, false, err
+	}
+	r, err := decodeRangeKV(kvs[0], is4)
+	if err != nil {
+		return rangeKV{}, false, fmt.Errorf("pool %s: %w", pool, err)
+	}
+	return r, r.lo.cmp(v) <= 0, nil
 }
 
 // inTombstone reports whether rec holds an address in a tombstoned range of
-// host (the owner belongs to the host's old view). rings caches read rings.
-func (a *Allocator) inTombstone(ctx context.Context, rings map[string]ring, host string, rec Allocation) (bool, error) {
+// host (the owner belongs to the host's old view): one read per address.
+func (a *Allocator) inTombstone(ctx context.Context, host string, rec Allocation) (bool, error) {
 	for _, x := range rec.Addrs {
-		r, ok := rings[x.Pool]
-		if !ok {
-			var err error
-			if _, r, _, err = a.readRing(ctx, x.Pool); err != nil {
-				return false, err
-			}
-			rings[x.Pool] = r
+		r, held, err := a.rangeAt(ctx, x.Pool, x.Addr)
+		if err != nil {
+			return false, err
 		}
-		if t := r.ownerOf(toU128(x.Addr)); t.Host == host && t.Tomb {
+		if held && r.host == host && r.tomb {
 			return true, nil
 		}
 	}
@@ -324,91 +384,139 @@ func (a *Allocator) releaseOrphan(ctx context.Context, owner Owner, ownerKV stor
 	return true, nil
 }
 
+// maxHandBatch bounds the free holes one commit of handOver gives away
+// (each a few range keys), far below store.MaxOps.
+const maxHandBatch = 16
+
 // handOver gives every free hole of host's tombstoned ranges in pool to this
 // allocator's host, or with toPrevious to the live owner of the range
-// before each (none: it stays tombstoned), in one commit conditioned on
-// the ring (a commit that would exceed the store's transaction size is
-// impossible: it writes one key). Addresses still held there (holds of
-// reservations) stay tombstoned.
-func (a *Allocator) handOver(ctx context.Context, pool, host string, toPrevious bool, guard []store.Cond) (int, error) {
+// before each (none: it stays tombstoned), in commits of at most
+// maxHandBatch holes conditioned on the range keys and the heirs' states.
+// Addresses still held there (holds of reservations) stay tombstoned.
+// known are the host's ranges the fence tombstoned now; without them
+// (a reclaim run again) every range key of the pool is read.
+func (a *Allocator) handOver(ctx context.Context, pool, host string, toPrevious bool, guard []store.Cond, known []span) (int, error) {
 	handed := 0
 	err := a.run(ctx, func(int) error {
-		handed = 0
-		def, r, kvs, err := a.readRing(ctx, pool)
+		kvs, err := a.st.Get(ctx, defKey(pool))
+		if err != nil {
+			return err
+		}
+		def, err := decodeDef(pool, kvs[0])
 		if err != nil {
 			return err
 		}
 		is4 := def.is4()
-		var tombs []span
-		var heirs []string
-		for i, t := range r.tokens {
-			if t.Host != host || !t.Tomb {
-				continue
-			}
-			heir := a.host
-			if toPrevious {
-				heir = ""
-				if i > 0 && r.tokens[i-1].Host != "" && !r.tokens[i-1].Tomb {
-					heir = r.tokens[i-1].Host
-				}
-			}
-			if heir != "" {
-				tombs = append(tombs, r.spanOf(i))
-				heirs = append(heirs, heir)
-			}
-		}
-		out := r
-		for j, s := range tombs {
-			heir := heirs[j]
-			held, err := a.st.Scan(ctx, addrKey(pool, s.lo, is4), addrKey(pool, s.hi, is4)+"\x00", 0)
+		tombs := known
+		if tombs == nil {
+			rs, err := a.scanRanges(ctx, pool, is4)
 			if err != nil {
 				return err
 			}
-			cur, done := s.lo, false
+			for _, r := range rs {
+				if r.host == host && r.tomb {
+					tombs = append(tombs, r.span)
+				}
+			}
+		}
+		for _, s := range tombs {
+			heir := a.host
+			if toPrevious {
+				heir = ""
+				tx := a.newRingTxn(pool, def)
+				if s.lo.cmp(tx.space.lo) > 0 {
+					p, held, _, err := tx.at(ctx, s.lo.dec())
+					if err != nil {
+						return err
+					}
+					if held && p.host != "" && !p.tomb {
+						heir = p.host
+					}
+				}
+			}
+			if heir == "" {
+				continue
+			}
+			for {
+				tx := a.newRingTxn(pool, def)
+				n, err := a.handOverSome(ctx, tx, s, host, heir)
+				if err != nil {
+					return err
+				}
+				if n == 0 {
+					break
+				}
+				conds, ops := tx.finish()
+				if err := a.st.Commit(ctx, append(conds, guard...), ops); err != nil {
+					return err
+				}
+				handed += n
+			}
+		}
+		return nil
+	})
+	return handed, err
+}
+
+// handOverSome gives up to maxHandBatch free holes of host's tombstoned
+// ranges inside s to heir, in tx, and returns how many.
+func (a *Allocator) handOverSome(ctx context.Context, tx *ringTxn, s span, host, heir string) (int, error) {
+	n := 0
+	v := s.lo
+	for n < maxHandBatch {
+		r, held, ok, err := tx.at(ctx, v)
+		if err != nil {
+			return 0, err
+		}
+		if !ok || r.lo.cmp(s.hi) > 0 {
+			return n, nil
+		}
+		if !held {
+			v = r.lo
+			continue
+		}
+		if r.host == host && r.tomb {
+			held, err := a.st.Scan(ctx, addrKey(tx.pool, r.lo, tx.is4), addrKeysEnd(tx.pool, r.hi, tx.is4), 0)
+			if err != nil {
+				return 0, err
+			}
+			var holes []span
+			cur, done := r.lo, false
 			for _, kv := range held {
 				k, ok := parseAddrKey(kv.Key)
 				if !ok {
 					continue
 				}
 				if k.cmp(cur) > 0 {
-					out = out.assign(cur, k.dec(), heir)
-					handed++
+					holes = append(holes, span{cur, k.dec()})
 				}
-				if k == s.hi {
+				if k == r.hi {
 					done = true
 					break
 				}
 				cur = k.inc()
 			}
 			if !done {
-				out = out.assign(cur, s.hi, heir)
-				handed++
+				holes = append(holes, span{cur, r.hi})
+			}
+			for _, h := range holes {
+				if n == maxHandBatch {
+					return n, nil
+				}
+				cur, _, _, err := tx.at(ctx, h.lo)
+				if err != nil {
+					return 0, err
+				}
+				if err := tx.assign(ctx, cur, h, heir, false); err != nil {
+					return 0, err
+				}
+				n++
 			}
 		}
-		if handed == 0 {
-			return nil
+		if r.hi.cmp(s.hi) >= 0 {
+			return n, nil
 		}
-		b, _ := json.Marshal(out.tokens)
-		return a.st.Commit(ctx, append([]store.Cond{store.Unchanged(kvs[1])}, guard...), []store.Op{store.Put(ringKey(pool), b)})
-	})
-	return handed, err
-}
-
-// readRing reads pool's definition and ring, then the extra keys, at one
-// revision, and decodes the first two: kvs[0] is the definition's key as
-// read, kvs[1] the ring's, kvs[2:] the extra keys.
-func (a *Allocator) readRing(ctx context.Context, pool string, extra ...string) (Def, ring, []store.KV, error) {
-	kvs, err := a.st.Get(ctx, append([]string{defKey(pool), ringKey(pool)}, extra...)...)
-	if err != nil {
-		return Def{}, ring{}, nil, err
+		v = r.hi.inc()
 	}
-	def, err := decodeDef(pool, kvs[0])
-	if err != nil {
-		return Def{}, ring{}, nil, err
-	}
-	r, err := decodeRing(def, kvs[1])
-	if err != nil {
-		return Def{}, ring{}, nil, err
-	}
-	return def, r, kvs, nil
+	return n, nil
 }

@@ -145,7 +145,7 @@ func (a *Allocator) dropHolder(ctx context.Context, r ownerRead, host string, mo
 		next.Host = to
 		var ks keyset
 		for _, x := range rec.Addrs {
-			ks.add(defKey(x.Pool), ringKey(x.Pool), hostKey(x.Pool, to))
+			ks.add(defKey(x.Pool), hostKey(x.Pool, to))
 			if !mode.reclaim {
 				ks.add(hostKey(x.Pool, host))
 			}
@@ -154,55 +154,67 @@ func (a *Allocator) dropHolder(ctx context.Context, r ownerRead, host string, mo
 		if err != nil {
 			return err
 		}
-		rings := map[string]ring{}
-		counts := map[string]int64{} // host state key -> change of Used
+		// Each pool's ring transaction moves the addresses to the next
+		// holder's ranges and keeps the two hosts' states: their ranges
+		// and counts.
+		txs := map[string]*ringTxn{}
 		var order []string
 		for _, x := range rec.Addrs {
-			rg, ok := rings[x.Pool]
+			tx, ok := txs[x.Pool]
 			if !ok {
 				def, err := decodeDef(x.Pool, ks.kv(kvs, defKey(x.Pool)))
 				if err != nil {
 					return err
 				}
-				if rg, err = decodeRing(def, ks.kv(kvs, ringKey(x.Pool))); err != nil {
-					return err
+				tx = a.newRingTxn(x.Pool, def)
+				hosts := []string{to}
+				if !mode.reclaim {
+					hosts = append(hosts, host)
 				}
+				for _, h := range hosts {
+					kv := ks.kv(kvs, hostKey(x.Pool, h))
+					hs := hostState{Layout: stateLayout}
+					if kv.Exists() {
+						hs = hostState{}
+						if err := decodeHostState(kv.Value, &hs); err != nil {
+							return fmt.Errorf("%s: corrupt host state: %w", kv.Key, err)
+						}
+					}
+					tx.seed(h, kv, hs, false)
+					tx.hosts[h].dirty = true
+				}
+				txs[x.Pool] = tx
 				order = append(order, x.Pool)
 			}
 			v := toU128(x.Addr)
-			rings[x.Pool] = rg.assign(v, v, to)
 			ops = append(ops, store.Put(addrKey(x.Pool, v, x.Addr.Is4()), ownerHolder(to, r.owner).encode()))
-			counts[hostKey(x.Pool, to)]++
+			if r, held, _, err := tx.at(ctx, v); err != nil {
+				return err
+			} else if held && (r.host != to || r.tomb) {
+				if err := tx.assign(ctx, r, span{v, v}, to, false); err != nil {
+					return err
+				}
+			} else if !held {
+				b, _ := tx.blockOf(v)
+				if err := tx.claimGap(ctx, span{v, v}, b, r, r.key != "", to); err != nil {
+					return err
+				}
+			}
+			tx.hosts[to].st.Used++
 			if !mode.reclaim {
-				counts[hostKey(x.Pool, host)]--
+				if he := tx.hosts[host]; he.st != nil {
+					he.st.Used -= min(he.st.Used, 1)
+				}
 			}
 		}
 		for _, p := range order {
-			conds = append(conds, store.Unchanged(ks.kv(kvs, ringKey(p))))
-			ops = append(ops, store.Put(ringKey(p), encodeTokens(rings[p].tokens)))
-		}
-		for _, k := range ks.keys {
-			d, ok := counts[k]
-			if !ok {
-				continue
+			tx := txs[p]
+			if he := tx.hosts[a.host]; he != nil && he.st != nil {
+				he.st.Seen = a.now().Unix()
 			}
-			kv := ks.kv(kvs, k)
-			var hs hostState
-			if kv.Exists() {
-				if err := decodeHostState(kv.Value, &hs); err != nil {
-					return fmt.Errorf("%s: corrupt host state: %w", k, err)
-				}
-			}
-			if d < 0 {
-				hs.Used -= min(hs.Used, uint64(-d))
-			} else {
-				hs.Used += uint64(d)
-			}
-			if _, h := parseHostKey(k); h == a.host {
-				hs.Seen = a.now().Unix()
-			}
-			conds = append(conds, store.Cond{Key: k, Revision: kv.Revision})
-			ops = append(ops, store.Put(k, encodeHostState(hs)))
+			c, o := tx.finish()
+			conds = append(conds, c...)
+			ops = append(ops, o...)
 		}
 	}
 	b, err := encodeAllocation(next)

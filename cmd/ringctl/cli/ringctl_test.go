@@ -122,7 +122,9 @@ func TestStatusAndLs(t *testing.T) {
 	var out bytes.Buffer
 	RenderStatus(&out, s)
 	checkWidth(t, out.String())
-	for _, want := range []string{"net-0", "IPv4", "253", "244", "A  node-a  down", "ring net-0: 198.18.0.2 - 198.18.0.254, 3 ranges"} {
+	// Layout 4: three hosts' blocks of 64 and the unowned space between
+	// them (in layout 3, three ranges covering the pool).
+	for _, want := range []string{"net-0", "IPv4", "253", "244", "A  node-a  down", "ring net-0: 198.18.0.2 - 198.18.0.254, 4 ranges"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("status text lacks %q:\n%s", want, out.String())
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/routes"
+	"github.com/ringipam/ringipam/pkg/watchcache"
 )
 
 // router is the kernel side of the routes to other hosts' ranges
@@ -67,10 +68,32 @@ type routesState struct {
 }
 
 // decodedRing is one pool's ring as decoded, with the revisions it was
-// decoded from.
+// decoded from: the definition's, and the newest of its range keys with
+// their number (a key written raises the newest revision, one deleted
+// lowers the number).
 type decodedRing struct {
 	defRev, ringRev int64
+	ringKeys        int
 	ring            pool.Ring
+}
+
+// ringKeysOf groups the cached range keys (RingKeyPrefix) by pool, with
+// the newest revision among each pool's; the layout-3 ring keys' markers
+// are no pool's.
+func ringKeysOf(entries map[string]watchcache.Entry[[]byte]) (map[string]map[string][]byte, map[string]int64) {
+	keys, newest := map[string]map[string][]byte{}, map[string]int64{}
+	for k, e := range entries {
+		p, ok := pool.RangeKeyPool(k)
+		if !ok {
+			continue
+		}
+		if keys[p] == nil {
+			keys[p] = map[string][]byte{}
+		}
+		keys[p][k] = e.Value
+		newest[p] = max(newest[p], e.ModRevision)
+	}
+	return keys, newest
 }
 
 // routesLoop keeps the routing table equal to the plan made of the copies
@@ -136,6 +159,7 @@ func (a *Agent) planRoutes(s *routesState) (routes.Result, []netip.Prefix, []net
 	var names []string
 	var subnets []netip.Prefix
 	keep := map[string]decodedRing{}
+	ringKeys, ringRevs := ringKeysOf(rings.Entries)
 	for _, k := range slices.Sorted(maps.Keys(defs.Entries)) {
 		e := defs.Entries[k]
 		if e.Err != nil {
@@ -143,19 +167,15 @@ func (a *Agent) planRoutes(s *routesState) (routes.Result, []netip.Prefix, []net
 			return routes.Result{}, nil, nil, false
 		}
 		d := e.Value
-		re := rings.Entries[pool.RingKeyPrefix+d.Name]
+		keys, rev := ringKeys[d.Name], ringRevs[d.Name]
 		dr, ok := s.rings[d.Name]
-		if !ok || dr.defRev != e.ModRevision || dr.ringRev != re.ModRevision {
-			var raw []byte
-			if re.ModRevision != 0 {
-				raw = re.Value
-			}
-			ring, err := pool.DecodeRing(d.Name, d, raw)
+		if !ok || dr.defRev != e.ModRevision || dr.ringRev != rev || dr.ringKeys != len(keys) {
+			ring, err := pool.DecodeRingKeys(d.Name, d, keys)
 			if err != nil {
 				a.storeError("ring", err)
 				return routes.Result{}, nil, nil, false
 			}
-			dr = decodedRing{defRev: e.ModRevision, ringRev: re.ModRevision, ring: ring}
+			dr = decodedRing{defRev: e.ModRevision, ringRev: rev, ringKeys: len(keys), ring: ring}
 		}
 		keep[d.Name] = dr
 		for _, r := range dr.ring.Ranges {
