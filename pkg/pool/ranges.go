@@ -65,11 +65,14 @@ func rangeKey(pool string, last u128, is4 bool) string { return rangePrefix(pool
 // oldRingKey is layout 3's one key of the whole ring. A migrated pool (and
 // every pool recorded by this layout) keeps there movedMarker, a value
 // that layout-3 code cannot decode as a ring: an agent of that layout that
-// is still running fails its claims instead of writing a ring of its own.
+// is still running (it read the layout version once, when it started)
+// fails every allocation in the pool, with an error that names the cause
+// ("stored ring is corrupt: ParseAddr(\"... upgrade ringipam\")"),
+// instead of writing a ring of its own.
 func oldRingKey(pool string) string { return prefixRing + pool }
 
 func movedMarker(pool string) []byte {
-	b, _ := json.Marshal("pool " + pool + ": the ring moved to one key per range (" + rangePrefix(pool) + "<last address>, store layout 4): upgrade ringipam")
+	b, _ := json.Marshal([]map[string]string{{"s": "store layout 4: pool " + pool + "'s ring moved to one key per range: upgrade ringipam"}})
 	return b
 }
 

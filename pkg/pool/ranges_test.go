@@ -2,10 +2,16 @@ package pool
 
 import (
 	"context"
+	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/memory"
 )
 
 // putRing makes r pool def's ring in st, as claims would have left it:
@@ -89,4 +95,243 @@ func readTestRing(t testing.TB, st store.Store, pool string) (Def, ring) {
 		t.Fatal(err)
 	}
 	return def, r
+}
+
+// A layout-3 process decodes the marker its ring key holds after the
+// migration as a corrupt ring whose error names the cause, so it never
+// plans on an empty ring (which it would then write).
+func TestLayout3CodeCannotReadTheMarker(t *testing.T) {
+	var tokens []token // layout 3's ring type, unchanged
+	err := decodeTokens(movedMarker("p"), &tokens)
+	if err == nil || !strings.Contains(err.Error(), "upgrade ringipam") || !strings.Contains(err.Error(), "layout 4") {
+		t.Fatalf("layout 3 decodes the marker: %v (tokens %v); want an error naming the upgrade", err, tokens)
+	}
+}
+
+// asLayout3 turns a store this code wrote into what layout 3 would have
+// written: every pool's ring in one key g/<pool>, the range keys gone, the
+// host states without their ranges, version "3".
+func asLayout3(t *testing.T, st store.Store, pools ...string) {
+	t.Helper()
+	ctx := context.Background()
+	var ops []store.Op
+	for _, p := range pools {
+		_, r := readTestRing(t, st, p)
+		ops = append(ops, store.Put(oldRingKey(p), encodeTokens(r.tokens)))
+		keys, _ := st.Scan(ctx, rangePrefix(p), store.PrefixEnd(rangePrefix(p)), 0)
+		for _, kv := range keys {
+			ops = append(ops, store.Delete(kv.Key))
+		}
+		states, _ := st.Scan(ctx, hostPrefix(p), store.PrefixEnd(hostPrefix(p)), 0)
+		for _, kv := range states {
+			var hs hostState
+			if err := decodeHostState(kv.Value, &hs); err != nil {
+				t.Fatal(err)
+			}
+			hs.Ranges, hs.Layout = nil, 0
+			ops = append(ops, store.Put(kv.Key, encodeHostState(hs)))
+		}
+	}
+	ops = append(ops, store.Put(layoutKey, []byte("3")))
+	if err := st.Commit(ctx, nil, ops); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A layout-3 store migrates on first use: the same ring from range keys,
+// each host's ranges in its state, the marker in the old key, the
+// version 4; the audit is clean and allocations go on in each host's
+// ranges. Running the migration again changes nothing.
+func TestLayout3RingMigrates(t *testing.T) {
+	ctx := context.Background()
+	def := v4Def("p", "198.18.0.0/24")
+	hosts := newHosts(t, def, "h1", "h2", "h3")
+	st := hosts[0].Store()
+	for i := range 70 { // h1's block fills: a second claim
+		if _, err := hosts[i%3].Allocate(ctx, Request{Owner: own(fmt.Sprint("c", i)), Wants: ipWant("p")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := hosts[2].Reclaim(ctx, "h2", ReclaimOptions{Force: true}); err != nil {
+		t.Fatal(err) // tombstoned ranges migrate too
+	}
+	before, err := hosts[0].RingOf(ctx, "p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	asLayout3(t, st, "p")
+	if keys, _ := st.Scan(ctx, rangePrefix("p"), store.PrefixEnd(rangePrefix("p")), 0); len(keys) != 0 {
+		t.Fatalf("layout 3 store has range keys %v", keys)
+	}
+	a, _ := New(st, "h1")
+	after, err := a.RingOf(ctx, "p") // the first read migrates
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(before) != fmt.Sprint(after) {
+		t.Fatalf("ring after migration %v, before %v", after, before)
+	}
+	if v, _ := st.Get(ctx, layoutKey, oldRingKey("p")); string(v[0].Value) != layoutVersion || string(v[1].Value) != string(movedMarker("p")) {
+		t.Fatalf("after migration: version %q, old ring key %q", v[0].Value, v[1].Value)
+	}
+	if bad, err := a.Check(ctx, "p"); err != nil || len(bad) != 0 {
+		t.Fatalf("check after migration: %v %v", bad, err)
+	}
+	if vs, err := a.Audit(ctx); err != nil || len(vs) != 0 {
+		t.Fatalf("audit after migration: %v %v", vs, err)
+	}
+	for _, h := range []string{"h1", "h3"} {
+		kvs, _ := st.Get(ctx, hostKey("p", h))
+		var hs hostState
+		if err := decodeHostState(kvs[0].Value, &hs); err != nil || hs.Layout != stateLayout || len(hs.Ranges) == 0 {
+			t.Fatalf("%s's state after migration: %s (%v)", h, kvs[0].Value, err)
+		}
+	}
+	snapshot := func() map[string]string {
+		out := map[string]string{}
+		kvs, _ := st.Scan(ctx, "", "\xff", 0)
+		for _, kv := range kvs {
+			out[kv.Key] = string(kv.Value)
+		}
+		return out
+	}
+	was := snapshot()
+	if err := a.migrate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(was, snapshot()); diff != "" {
+		t.Fatalf("a second migration changed the store (-before +after):\n%s", diff)
+	}
+	for i, h := range []*Allocator{a, hosts[2]} {
+		if _, err := h.Allocate(ctx, Request{Owner: own(fmt.Sprint("after", i)), Wants: ipWant("p")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if bad, err := a.Check(ctx, "p"); err != nil || len(bad) != 0 {
+		t.Fatalf("check after allocations on the migrated store: %v %v", bad, err)
+	}
+}
+
+// A host state that a layout-3 process rewrote during the rollout (its
+// ranges dropped) is repaired from the range keys by the host's next
+// allocation, which stays in its own ranges.
+func TestLayout3RewriteOfAHostStateIsRepaired(t *testing.T) {
+	ctx := context.Background()
+	hosts := newHosts(t, v4Def("p", "198.18.0.0/24"), "h1", "h2")
+	st := hosts[0].Store()
+	for i := range 4 {
+		if _, err := hosts[i%2].Allocate(ctx, Request{Owner: own(fmt.Sprint("c", i)), Wants: ipWant("p")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kvs, _ := st.Get(ctx, hostKey("p", "h2"))
+	var hs hostState
+	_ = decodeHostState(kvs[0].Value, &hs)
+	want := hs.Ranges
+	hs.Ranges, hs.Layout = nil, 0
+	if err := st.Commit(ctx, nil, []store.Op{store.Put(kvs[0].Key, encodeHostState(hs))}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := hosts[1].Allocate(ctx, Request{Owner: own("next"), Wants: ipWant("p")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, _ := hosts[1].RingOf(ctx, "p")
+	if o, _ := r.Owner(got.Addrs[0].Addr); o.Host != "h2" {
+		t.Fatalf("h2 got %s in a range of %q", got.Addrs[0].Addr, o.Host)
+	}
+	kvs, _ = st.Get(ctx, hostKey("p", "h2"))
+	hs = hostState{}
+	_ = decodeHostState(kvs[0].Value, &hs)
+	if hs.Layout != stateLayout || !slices.Equal(hs.Ranges, want) {
+		t.Fatalf("h2's state after its allocation: %s, want its ranges %v", kvs[0].Value, want)
+	}
+	if bad, err := hosts[0].Check(ctx, "p"); err != nil || len(bad) != 0 {
+		t.Fatalf("check: %v %v", bad, err)
+	}
+}
+
+// beforeCommit runs hook once, before the first Commit through it.
+type beforeCommit struct {
+	store.Store
+	hook func()
+	done bool
+}
+
+func (s *beforeCommit) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
+	if !s.done && s.hook != nil {
+		s.done = true
+		s.hook()
+	}
+	return s.Store.Commit(ctx, conds, ops)
+}
+
+// Claims of different blocks do not conflict: h2 plans its first claim,
+// h3 claims another block and h1 allocates in its own range meanwhile,
+// and h2's commit goes through on its first attempt. A claim of a block
+// another host took between the read and the commit fails that commit
+// (and the retry takes another block).
+func TestClaimsOfDifferentBlocksDoNotConflict(t *testing.T) {
+	ctx := context.Background()
+	mem := memory.New()
+	def := v4Def("p", "198.18.0.0/16")
+	h1, _ := New(mem, "h1")
+	if _, err := h1.Allocate(ctx, Request{Owner: own("a"), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+		t.Fatal(err)
+	}
+	h3, _ := New(mem, "h3")
+	hooked := &beforeCommit{Store: mem, hook: func() {
+		for _, x := range []struct {
+			a  *Allocator
+			id string
+		}{{h3, "c"}, {h1, "b"}} {
+			if _, err := x.a.Allocate(ctx, Request{Owner: own(x.id), Wants: ipWant("p")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}}
+	h2, _ := New(hooked, "h2")
+	if _, err := h2.Allocate(ctx, Request{Owner: own("d"), Wants: ipWant("p")}); err != nil {
+		t.Fatal(err)
+	}
+	if s := h2.Stats(); s.Conflicts != 0 {
+		t.Fatalf("h2's claim met %d conflicts; claims of different blocks must not conflict", s.Conflicts)
+	}
+	if bad, err := h1.Check(ctx, "p"); err != nil || len(bad) != 0 {
+		t.Fatalf("check: %v %v", bad, err)
+	}
+
+	// The same block: h5 takes, between h4's read and commit, the block
+	// h4 planned on (h4's own first choice, since h4 is hooked).
+	var blockOfH4 netip.Addr
+	{
+		probe := memory.New()
+		p1, _ := New(probe, "h1")
+		if _, err := p1.Allocate(ctx, Request{Owner: own("a"), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+			t.Fatal(err)
+		}
+		p4, _ := New(probe, "h4")
+		got, err := p4.Allocate(ctx, Request{Owner: own("x"), Wants: ipWant("p")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		blockOfH4 = got.Addrs[0].Addr
+	}
+	h5, _ := New(mem, "h5")
+	hooked = &beforeCommit{Store: mem, hook: func() {
+		if _, err := h5.Allocate(ctx, Request{Owner: own("y"), Wants: []Want{{Pool: "p", Role: RoleIP, Addr: blockOfH4.Next()}}}); err != nil {
+			t.Fatal(err)
+		}
+	}}
+	h4, _ := New(hooked, "h4")
+	got, err := h4.Allocate(ctx, Request{Owner: own("x"), Wants: ipWant("p")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := h4.Stats(); s.Conflicts == 0 {
+		t.Fatalf("h4 claimed the block holding %s that h5 took meanwhile without a conflict (got %s)", blockOfH4.Next(), got.Addrs[0].Addr)
+	}
+	if bad, err := h1.Check(ctx, "p"); err != nil || len(bad) != 0 {
+		t.Fatalf("check: %v %v", bad, err)
+	}
 }
