@@ -237,3 +237,126 @@ func BenchmarkSteadyAdd(b *testing.B) {
 		})
 	}
 }
+
+// spreadBlocks gives hosts host0001 to host%04d (n-1 of them) one claimed
+// block each of pool def, in the blocks right after host0000's first, as
+// their first claims would leave the ring (the order aside), each with one
+// address used.
+func spreadBlocks(t testing.TB, st store.Store, def Def, n int) {
+	t.Helper()
+	def, err := def.Normalize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, r := readTestRing(t, st, def.Name)
+	b := blockSize(def)
+	lo := r.space.lo.add(u128{lo: b})
+	used := map[string]uint64{}
+	for i := 1; i < n; i++ {
+		h := fmt.Sprintf("host%04d", i)
+		r = r.assign(lo, lo.add(u128{lo: b - 1}), h)
+		used[h] = 1
+		lo = lo.add(u128{lo: b})
+	}
+	putRing(t, st, def, r, used)
+}
+
+// firstVerbs measures, in a pool whose ring n hosts share (spreadBlocks),
+// a new host's first ADD (it claims a block) and, once that block is
+// full, the ADD that claims its second: what a host joining a cluster of
+// n hosts costs the store.
+func firstVerbs(t *testing.T, n int) (first, claim verbBytes) {
+	t.Helper()
+	ctx := context.Background()
+	st := &byteCounter{Store: memory.New()}
+	def := Def{Name: "p", Ranges: []Range{{Subnet: mustPrefix("2001:db8:1::/64")}}}
+	h0, _ := New(st, "host0000")
+	if _, err := h0.Allocate(ctx, Request{Owner: own("h0"), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+		t.Fatal(err)
+	}
+	spreadBlocks(t, st, def, n)
+	mine, _ := New(st, "joiner", WithNotes(&memNotes{}), WithLastSeen())
+	alloc := func(id string) {
+		t.Helper()
+		if _, err := mine.Allocate(ctx, Request{Owner: own(id), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st.take()
+	alloc("c0")
+	first.sent, first.received, first.trips = st.take()
+	for i := 1; i < maxBlock; i++ {
+		alloc(fmt.Sprint("c", i))
+	}
+	claims := mine.Stats().Claims
+	st.take()
+	alloc("claims")
+	claim.sent, claim.received, claim.trips = st.take()
+	if got := mine.Stats().Claims; got != claims+1 {
+		t.Fatalf("the %dth ADD made %d claims, want 1 (its block of %d is full)", maxBlock+1, got-claims, maxBlock)
+	}
+	return first, claim
+}
+
+// A host's first ADD (which claims a block) and a later claim cost the
+// store the same whatever the number of hosts that share the pool: at
+// 1 000 hosts at most 1.2 times what they cost at 10 (issue 42, item 1
+// and 2). In layout 3 both read (and the claim rewrote) the whole ring.
+func TestFirstADDAndClaimDoNotGrowWithHosts(t *testing.T) {
+	rows := map[int][2]verbBytes{}
+	for _, n := range []int{10, 1000} {
+		f, c := firstVerbs(t, n)
+		rows[n] = [2]verbBytes{f, c}
+		t.Logf("%4d hosts: first ADD %5d bytes sent, %5d received, %d round trips; a claim %5d/%5d, %d", n, f.sent, f.received, f.trips, c.sent, c.received, c.trips)
+	}
+	for i, verb := range []string{"first ADD", "claim"} {
+		small, large := rows[10][i], rows[1000][i]
+		if float64(large.total()) > 1.2*float64(small.total()) {
+			t.Errorf("a %s costs %d bytes at 1000 hosts, %d at 10 (x%.2f, at most x1.2)", verb, large.total(), small.total(), float64(large.total())/float64(small.total()))
+		}
+	}
+}
+
+// No key of the layout grows with the number of hosts: 5 000 hosts each
+// claim through the product, one of them is reclaimed and one leaves,
+// and no value is larger than 64 KB (issue 42, item 2).
+func TestNoKeyGrowsWithHosts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("5 000 allocations")
+	}
+	ctx := context.Background()
+	st := memory.New()
+	def := Def{Name: "p", Ranges: []Range{{Subnet: mustPrefix("2001:db8:2::/64")}}}
+	const n = 5000
+	var hosts []*Allocator
+	for i := range n {
+		a, _ := New(st, fmt.Sprintf("host%04d", i))
+		if _, err := a.Allocate(ctx, Request{Owner: own(fmt.Sprint("c", i)), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+			t.Fatal(err)
+		}
+		hosts = append(hosts, a)
+	}
+	if _, err := hosts[0].Reclaim(ctx, "host0001", ReclaimOptions{Force: true, ToCaller: true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hosts[2].Reclaim(ctx, "host0002", ReclaimOptions{Leave: true}); err != nil {
+		t.Fatal(err)
+	}
+	kvs, err := st.Scan(ctx, "", "\xff", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	largest := store.KV{}
+	for _, kv := range kvs {
+		if len(kv.Value) > len(largest.Value) {
+			largest = kv
+		}
+	}
+	t.Logf("%d keys for %d hosts; the largest, %s, holds %d bytes", len(kvs), n, largest.Key, len(largest.Value))
+	if len(largest.Value) > 64<<10 {
+		t.Fatalf("%s holds %d bytes at %d hosts, more than 64 KB", largest.Key, len(largest.Value), n)
+	}
+	if bad, err := hosts[0].Check(ctx, "p"); err != nil || len(bad) != 0 {
+		t.Fatalf("check: %d violations (%v), first %v", len(bad), err, bad[:min(3, len(bad))])
+	}
+}
