@@ -4,11 +4,15 @@
 // # Model
 //
 // A pool (Def) is one address family's set of ranges. Its allocatable
-// addresses form a ring of ranges; each range starts at a token and is owned
-// by one host, or is unowned, or is tombstoned (its host left). A host hands
-// out addresses only inside ranges it owns, so hosts never contend on the
-// same keys. A host with no free address claims unowned space first, then
-// takes half of the largest free hole of the host with the most free space:
+// addresses form a ring of ranges; each range is owned by one host, or is
+// tombstoned (its host left), and the space between them is unowned. Each
+// range is one key (ranges.go), and each host's state lists its own
+// ranges, so an allocation reads no range key and hosts never contend on
+// the same keys. A host with no free address claims unowned space first
+// (an aligned block of at most 64 addresses, at a position that differs
+// from host to host, so that hosts starting together claim different
+// blocks), then tombstoned space, then takes half of the largest free
+// hole of the host with the most free space:
 // only free addresses ever change hands, and a claim's commit requires that
 // the space it takes from a live host holds no address (a range condition,
 // store.Cond.End), so no address ever lies, even for a moment, outside a
@@ -34,11 +38,12 @@
 //
 // # Store layout (keys relative to the backend's prefix)
 //
-//	v                        layout version ("3"; an older store migrates once)
+//	v                        layout version ("4"; an older store migrates once)
 //	x/pools                  registry of every recorded pool's ranges
 //	d/<pool>                 pool definition (immutable once recorded)
-//	g/<pool>                 the ring: ordered tokens {start, host, tombstone}
-//	h/<pool>/<host>          host state in the pool: round-robin cursor, addresses used
+//	g/<pool>/<hex last>      one range of the ring: {start, host, tombstone}; none for unowned space
+//	g/<pool>                 layout 3's whole ring; since layout 4 a marker layout-3 code cannot read
+//	h/<pool>/<host>          host state in the pool: round-robin cursor, addresses used, its live ranges
 //	a/<pool>/<hex address>   "<host> <owner>", or a reservation's hold: the address is taken (uniqueness key)
 //	o/<kind>/<net>/<ctr>/<if> the owner's allocation
 //	i/<host>/<owner>         empty: the host's index of its owners, written with the record
@@ -71,16 +76,17 @@
 // half-written: a failed commit writes nothing. An Allocator is safe for
 // concurrent use.
 //
-// An allocation reads, then commits: two round trips. With WithNotes, on a
-// store that can speculate (store.Speculator: etcd), a host keeps a note
-// per pool of what its last allocation or release there left (the
-// definition, the ring, its host state, each with its revision) and the
-// next allocation plans on the note and commits in one round trip,
-// conditioned on the noted revisions and on its host state's bytes
-// (notes.go). What it sends does not grow with the ring, nor with the
-// number of hosts, and it plans on the note's copy of this host's ranges
-// alone unless it claims space or moves an address (then on the noted
-// ring). A note that no longer holds costs nothing more than the read it
-// replaced: the failed commit answers the store's state, and the
-// allocation goes on from it. Notes change round trips, never decisions.
+// An allocation reads (the definition and its host's state, its ranges
+// among it; no range key), then commits: two round trips. With WithNotes,
+// on a store that can speculate (store.Speculator: etcd), a host keeps a
+// note per pool of what its last allocation or release there left (the
+// definition and its host state, each with its revision) and the next
+// allocation plans on the note and commits in one round trip, conditioned
+// on the noted revisions and on its host state's bytes (notes.go). What it
+// sends does not grow with the ring, nor with the number of hosts. A claim
+// reads the few range keys it needs (one single-key read per block it
+// tries) and writes O(1) keys. A note that no longer holds costs nothing
+// more than the read it replaced: the failed commit answers the store's
+// state, and the allocation goes on from it. Notes change round trips,
+// never decisions.
 package pool

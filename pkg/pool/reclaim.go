@@ -25,10 +25,12 @@ type ReclaimOptions struct {
 	// Force reclaims a host even though its liveness key exists.
 	Force bool
 	// Leave is a host leaving on purpose (seed 002's `weave reset`): the
-	// free space of each of its ranges goes to the owner of the range
-	// before it on the ring (it stays tombstoned where that range is
-	// unowned or tombstoned, or there is none), and the host is not marked
-	// orphaned. A host may leave itself. Excludes ToCaller.
+	// free space of each of its ranges goes to the owner of the nearest
+	// range before it on the ring, unowned space between them staying
+	// unowned (it stays tombstoned where that range is tombstoned, or
+	// there is none), and the host is not marked orphaned. A host may
+	// leave itself. Excludes ToCaller. Finding those owners reads the
+	// pool's range keys once (a leave is rare).
 	Leave bool
 }
 
@@ -389,8 +391,8 @@ func (a *Allocator) releaseOrphan(ctx context.Context, owner Owner, ownerKV stor
 const maxHandBatch = 16
 
 // handOver gives every free hole of host's tombstoned ranges in pool to this
-// allocator's host, or with toPrevious to the live owner of the range
-// before each (none: it stays tombstoned), in commits of at most
+// allocator's host, or with toPrevious to the live owner of the nearest
+// range before each (none: it stays tombstoned), in commits of at most
 // maxHandBatch holes conditioned on the range keys and the heirs' states.
 // Addresses still held there (holds of reservations) stay tombstoned.
 // known are the host's ranges the fence tombstoned now; without them
@@ -408,11 +410,13 @@ func (a *Allocator) handOver(ctx context.Context, pool, host string, toPrevious 
 		}
 		is4 := def.is4()
 		tombs := known
-		if tombs == nil {
-			rs, err := a.scanRanges(ctx, pool, is4)
-			if err != nil {
+		var rs []rangeKV
+		if tombs == nil || toPrevious {
+			if rs, err = a.scanRanges(ctx, pool, is4); err != nil {
 				return err
 			}
+		}
+		if tombs == nil {
 			for _, r := range rs {
 				if r.host == host && r.tomb {
 					tombs = append(tombs, r.span)
@@ -422,15 +426,16 @@ func (a *Allocator) handOver(ctx context.Context, pool, host string, toPrevious 
 		for _, s := range tombs {
 			heir := a.host
 			if toPrevious {
+				// The owner of the nearest range before it on the ring
+				// (unowned space between them stays unowned).
 				heir = ""
-				tx := a.newRingTxn(pool, def)
-				if s.lo.cmp(tx.space.lo) > 0 {
-					p, held, _, err := tx.at(ctx, s.lo.dec())
-					if err != nil {
-						return err
+				for _, r := range rs {
+					if r.hi.cmp(s.lo) >= 0 {
+						break
 					}
-					if held && p.host != "" && !p.tomb {
-						heir = p.host
+					heir = ""
+					if !r.tomb && r.host != host {
+						heir = r.host
 					}
 				}
 			}
