@@ -1,15 +1,17 @@
 //go:build integration
 
 // Package upgrade_test is the mixed-version rolling restart (issue 41,
-// item 6): agents and plugins of a pinned earlier commit and of this
-// working tree on one real etcd, hosts restarted one at a time onto the
-// new code (and one rolled back) while containers are added and deleted
-// on every host and ports are published in host and ingress modes. It
-// asserts that no address or port is ever held twice, that nothing is
-// left once every container is deleted (the new ringctl's ls, ports and
-// check), and that every failed call failed with a clear CNI code: 11
-// ("try again later") while a host's agent restarts, retried; anything
-// else fails the test.
+// item 6; issue 42, item 4): agents and plugins of a pinned earlier commit
+// (store layout 3) and of this working tree (layout 4) on one real etcd,
+// hosts restarted one at a time onto the new code while containers are
+// added and deleted on every host and ports are published in host and
+// ingress modes. The first new agent migrates the store while the old
+// ones run. It asserts that no address or port is ever held twice, that
+// nothing is left once every container is deleted (the new ringctl's ls,
+// ports and check), and that every failed call failed with a clear CNI
+// error: 11 ("try again later") while a host's agent restarts, retried;
+// after the migration, an old host's calls fail with the layout's error
+// ("upgrade ringipam", code 103); anything else fails the test.
 //
 // The earlier code is PinnedCommit, extracted with `git archive` from the
 // test's own repository and built with the Go running the test. A
@@ -29,12 +31,11 @@ import (
 	"github.com/ringipam/ringipam/integration/cnitest"
 )
 
-// PinnedCommit is the release the rolling restart starts from: main at
-// the time the test was written (release v0.1.0 in CHANGELOG.md, before
-// the scale work of issue 41 changed the store's keys). Move it forward
-// to the previous release when a release is cut: the supported upgrade is
-// from one release to the next.
-const PinnedCommit = "082f606de7e6d9c7d469b4749958adc2b9892ec7"
+// PinnedCommit is the code the rolling restart starts from: main before
+// store layout 4 (issue 42; layout 3, the keys of v0.1.0 and of issue 41's
+// work). Move it forward to the previous release when a release is cut:
+// the supported upgrade is from one release to the next.
+const PinnedCommit = "80a95bbec4c4cd0d684648974b8693cc28c01f72"
 
 // version is one build of the binaries a host runs.
 type version struct {

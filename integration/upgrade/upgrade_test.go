@@ -197,10 +197,30 @@ type ledger struct {
 	findings []string
 	retried  int // calls answered 11 and retried
 	results  int // addresses handed out, all told
+	// migrated is set when the first new agent starts: from then on an
+	// old host's calls are refused with the layout's error (refused counts
+	// them per host).
+	migrated bool
+	refused  map[string]int
+}
+
+// errRefused is an old host's call refused after the migration with the
+// layout's error, as it must be.
+var errRefused = errors.New("refused: the store has a newer layout")
+
+// layoutRefusal reports whether a failed call of the old plugins is the
+// refusal a migrated store answers them: the old code's ErrLayout (code
+// 103, "the store has layout \"4\" ... upgrade ringipam"; the old agent
+// serves each invocation with an allocator of its own, which reads the
+// version first), or, from an allocator that read the version before the
+// migration, the marker's text (code 999, "stored ring is corrupt:
+// ParseAddr(\"store layout 4: ... upgrade ringipam\")").
+func layoutRefusal(ce *callErr) bool {
+	return (ce.code == 999 || ce.code == 103) && strings.Contains(ce.text, "upgrade ringipam") && strings.Contains(ce.text, "layout")
 }
 
 func newLedger() *ledger {
-	return &ledger{addrs: map[netip.Addr]string{}, ingress: map[uint16]string{}, hostMode: map[uint16]map[string]string{}}
+	return &ledger{addrs: map[netip.Addr]string{}, ingress: map[uint16]string{}, hostMode: map[uint16]map[string]string{}, refused: map[string]int{}}
 }
 
 func (l *ledger) find(format string, args ...any) {
@@ -274,7 +294,15 @@ func (l *ledger) call(h *host, plugin, command, id string, conf func(v version) 
 			return out, nil
 		}
 		var ce *callErr
+		l.mu.Lock()
+		migrated := l.migrated
+		l.mu.Unlock()
 		switch {
+		case errors.As(err, &ce) && v.name == oldVer.name && migrated && layoutRefusal(ce):
+			l.mu.Lock()
+			l.refused[h.name]++
+			l.mu.Unlock()
+			return nil, errRefused
 		case !errors.As(err, &ce) || ce.code == 0:
 			l.find("unclear failure, no CNI error (%s plugins on %s): %v", v.name, h.name, err)
 			return nil, err
@@ -401,6 +429,16 @@ func (d *driver) run(h *host) {
 			d.live[h] = append(d.live[h], c)
 			d.mu.Unlock()
 		}
+		if errors.Is(err, errRefused) {
+			// An old host on a migrated store: it adds nothing until
+			// its node is upgraded (its containers' DELs still work).
+			select {
+			case <-d.stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
 		if err != nil {
 			return // a finding: the test fails
 		}
@@ -411,7 +449,16 @@ func (d *driver) run(h *host) {
 		}
 		d.mu.Unlock()
 		if oldest != nil {
-			if err := d.l.del(oldest); err != nil {
+			err := d.l.del(oldest)
+			if errors.Is(err, errRefused) {
+				// Deleted once its node runs the new code (a runtime
+				// retries a failed DEL).
+				d.mu.Lock()
+				d.live[h] = append([]*ctr{oldest}, d.live[h]...)
+				d.mu.Unlock()
+				continue
+			}
+			if err != nil {
 				return
 			}
 		}
@@ -499,18 +546,21 @@ func settle(t *testing.T, l *ledger, hosts []*host, since []int, n int, what str
 	}
 }
 
-// TestRollingRestart: hostCount hosts start on the pinned release; a
-// driver adds and deletes containers on all of them, publishing a port
-// each (host and ingress modes in turn). Subtest "old to new": one host
-// at a time, the agent and plugins are replaced by the working tree's,
-// every host working between restarts (mixed versions on one etcd).
-// Subtest "one host back to old": a rollback of one host after all are
-// new (kubectl rollout undo of a bad release), then forward again: it
-// must work, since a rollout may be undone while it runs (see README,
-// "Version skew"). At the end every container is deleted: no address or
-// port was ever held twice, the DEL queues are drained with nothing in
-// failed/, ringctl (new) lists no address and no port, and its check is
-// clean.
+// TestRollingRestart: hostCount hosts start on the pinned commit (layout
+// 3); a driver adds and deletes containers on all of them, publishing a
+// port each (host and ingress modes in turn). Subtest "old to new": one
+// host at a time, the agent and plugins are replaced by the working
+// tree's. The first new agent migrates the store to layout 4 while the
+// old agents run: from then on every old host's ADD and DEL fails with
+// the layout's error and nothing else (each host is seen to; its
+// containers are deleted once it runs the new code, as a runtime retries
+// a failed DEL), and the new hosts work (mixed versions on one etcd; README, "Version skew": the
+// rollout must finish). Subtest "old code refuses the migrated store": one
+// host goes back to the old code (a rollback): its calls fail with the
+// layout's error and nothing else, then it goes forward again. At the end
+// every container is deleted: no address or port was ever held twice, the
+// DEL queues are drained with nothing in failed/, ringctl (new) lists no
+// address and no port, and its check is clean.
 func TestRollingRestart(t *testing.T) {
 	netns.RequireRoot(t)
 	etcd := testenv.StartEtcd(t)
@@ -624,11 +674,67 @@ func TestRollingRestart(t *testing.T) {
 
 	startDriver(0)
 	settle(t, l, hosts, cycles(hosts), cyclesPerPhase, "all hosts on "+oldVer.name)
-	t.Run("old to new", func(t *testing.T) {
+	// newHosts are the hosts on the new code (settle waits for them only
+	// once the store is migrated: the old ones add nothing then).
+	onNew := func() []*host {
+		var out []*host
 		for _, h := range hosts {
+			if h.current().name == newVer.name {
+				out = append(out, h)
+			}
+		}
+		return out
+	}
+	// refusedOnOld waits until every old host's ADD was refused with the
+	// layout's error at least once more than at since.
+	refusedOnOld := func(t *testing.T, since map[string]int, what string) {
+		t.Helper()
+		deadline := time.Now().Add(patience)
+		for {
+			l.mu.Lock()
+			ok, found := true, len(l.findings)
+			for _, h := range hosts {
+				if h.current().name == oldVer.name && l.refused[h.name] <= since[h.name] {
+					ok = false
+				}
+			}
+			l.mu.Unlock()
+			if found > 0 {
+				t.Fatalf("%s: the driver found trouble (see the findings)", what)
+			}
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: an old host's ADD was not refused with the layout's error within %v (refused %v)", what, patience, l.refused)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	refusals := func() map[string]int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		out := map[string]int{}
+		for k, v := range l.refused {
+			out[k] = v
+		}
+		return out
+	}
+	t.Run("old to new", func(t *testing.T) {
+		for i, h := range hosts {
 			since := cycles(hosts)
+			before := refusals()
+			if i == 0 {
+				l.mu.Lock()
+				l.migrated = true // the new agent migrates the store as it starts
+				l.mu.Unlock()
+			}
 			d.restart(t, h, newVer)
-			settle(t, l, hosts, since, cyclesPerPhase, h.name+" restarted onto "+newVer.name)
+			settle(t, l, onNew(), pick(since, hosts, onNew()), cyclesPerPhase, h.name+" restarted onto "+newVer.name)
+			refusedOnOld(t, before, h.name+" restarted onto "+newVer.name)
+		}
+		if v, code := ringctl("check"); code != 0 || !strings.HasPrefix(v, "ok:") {
+			t.Errorf("ringctl check once every host runs the new code (exit %d):\n%s", code, v)
 		}
 		// A rollout forward leaves nothing behind, with no repair.
 		finish(t)
@@ -636,25 +742,29 @@ func TestRollingRestart(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	t.Run("one host back to old", func(t *testing.T) {
+	t.Run("old code refuses the migrated store", func(t *testing.T) {
 		startDriver(1)
 		h := hosts[0]
-		since := cycles(hosts)
+		before := refusals()
 		d.restart(t, h, oldVer)
-		settle(t, l, hosts, since, cyclesPerPhase, h.name+" rolled back to "+oldVer.name)
-		since = cycles(hosts)
+		refusedOnOld(t, before, h.name+" rolled back to "+oldVer.name)
+		since := cycles(hosts)
 		d.restart(t, h, newVer)
 		settle(t, l, hosts, since, cyclesPerPhase, h.name+" forward again to "+newVer.name)
-		// The old release's DEL does not know the host-mode bindings the
-		// new one keeps per host (p/h/): those of the rolled-back host's
-		// containers deleted meanwhile stay, reported by check as leaked
-		// and released by ringctl gc (README, "Version skew").
-		stopDriver()
-		if out, code := ringctl("gc"); code != 0 {
-			t.Fatalf("ringctl gc after the rollback (exit %d):\n%s", code, out)
-		} else {
-			t.Logf("ringctl gc after the rollback:\n%s", out)
-		}
 		finish(t)
 	})
+}
+
+// pick returns the cycle counts of since (of all hosts, in order) for the
+// hosts of sub.
+func pick(since []int, all, sub []*host) []int {
+	var out []int
+	for _, s := range sub {
+		for i, h := range all {
+			if h == s {
+				out = append(out, since[i])
+			}
+		}
+	}
+	return out
 }

@@ -394,8 +394,9 @@ func (a *Allocator) releaseCommit(owners []ownerRead, known map[string]store.KV,
 	var ownPools []string
 	for _, hk := range states.keys {
 		kv := known[hk]
-		var hs hostState
+		hs := hostState{Layout: stateLayout} // absent: the host owns no live range
 		if kv.Exists() {
+			hs = hostState{}
 			if err := decodeHostState(kv.Value, &hs); err != nil {
 				return nil, nil, nil, fmt.Errorf("%s: corrupt host state: %w", hk, err)
 			}
