@@ -115,12 +115,15 @@ func TestStatusLsPorts(t *testing.T) {
 	for _, l := range strings.Split(human, "\n") {
 		fields = append(fields, strings.Join(strings.Fields(l), " "))
 	}
+	// Layout 4: each host claims a block of 64, so unowned space lies
+	// between them and the number of ranges (unowned ones included)
+	// depends on where the blocks fall; layout 3 had exactly 3.
 	for _, want := range []string{
 		"POOL FAMILY SIZE USED HELD FREE RANGES",
-		"rcnet-0 IPv4 253 8 1 244 3",
-		"rcnet-1 IPv6 18446744073709551614 8 1 18446744073709551605 3",
+		"rcnet-0 IPv4 253 8 1 244 ",
+		"rcnet-1 IPv6 18446744073709551614 8 1 18446744073709551605 ",
 		"A node-a up", "B node-b up", "C node-c up",
-		"ring rcnet-0: 198.18.20.2 - 198.18.20.254, 3 ranges",
+		"ring rcnet-0: 198.18.20.2 - 198.18.20.254, ",
 	} {
 		if !slices.ContainsFunc(fields, func(l string) bool { return strings.HasPrefix(l, want) }) {
 			t.Errorf("status lacks a line %q:\n%s", want, human)
@@ -130,7 +133,7 @@ func TestStatusLsPorts(t *testing.T) {
 	for _, l := range strings.Split(human, "\n") {
 		if strings.HasPrefix(l, "[") {
 			bars++
-			if len(l) != 100 || strings.Trim(l[1:99], "ABC") != "" || !strings.Contains(l, "A") || !strings.Contains(l, "B") || !strings.Contains(l, "C") {
+			if len(l) != 100 || strings.Trim(l[1:99], "ABC.") != "" || !strings.Contains(l, "A") || !strings.Contains(l, "B") || !strings.Contains(l, "C") {
 				t.Errorf("ring bar %q", l)
 			}
 		}
