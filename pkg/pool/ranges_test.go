@@ -335,3 +335,60 @@ func TestClaimsOfDifferentBlocksDoNotConflict(t *testing.T) {
 		t.Fatalf("check: %v %v", bad, err)
 	}
 }
+
+// A returning host readopts more owners than one commit moves
+// (maxReadoptMoves): every address comes back to it, in several commits,
+// and the pool's invariants hold.
+func TestReadoptInBatches(t *testing.T) {
+	ctx := context.Background()
+	hosts := newHosts(t, v4Def("p", "198.18.0.0/24"), "h1", "h2")
+	st := hosts[0].Store()
+	const n = 3*maxReadoptMoves + 1
+	for i := range n {
+		if _, err := hosts[0].Allocate(ctx, Request{Owner: own(fmt.Sprint("c", i)), Wants: ipWant("p")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A reclaim cut short after its fence: h1's ranges tombstoned and its
+	// state dropped, its owners not yet released.
+	def, r := readTestRing(t, st, "p")
+	putRing(t, st, def, r.tombstone("h1"), nil)
+	if err := st.Commit(ctx, nil, []store.Op{store.Delete(hostKey("p", "h1"))}); err != nil {
+		t.Fatal(err)
+	}
+	markLive(t, st, "h1")
+	counted := &commitCounter{Store: st}
+	h1, _ := New(counted, "h1")
+	pools, err := h1.Readopt(ctx)
+	if err != nil || !slices.Equal(pools, []string{"p"}) {
+		t.Fatalf("Readopt: %v %v", pools, err)
+	}
+	if counted.commits < 4 {
+		t.Fatalf("Readopt of %d addresses took %d commits, want at least 4 (at most %d addresses each)", n, counted.commits, maxReadoptMoves)
+	}
+	if vs, err := hosts[1].Audit(ctx); err != nil || len(vs) != 0 {
+		t.Fatalf("audit after the readoption: %v %v", vs, err)
+	}
+	for i := range n {
+		al, ok, err := hosts[1].Lookup(ctx, own(fmt.Sprint("c", i)))
+		if err != nil || !ok {
+			t.Fatalf("c%d: %v %v", i, ok, err)
+		}
+		if rg, _ := hosts[1].RingOf(ctx, "p"); true {
+			if o, _ := rg.Owner(al.Addrs[0].Addr); o.Host != "h1" || o.Tombstone {
+				t.Fatalf("c%d's %s lies in %+v after the readoption", i, al.Addrs[0].Addr, o)
+			}
+		}
+	}
+}
+
+// commitCounter counts commits.
+type commitCounter struct {
+	store.Store
+	commits int
+}
+
+func (c *commitCounter) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
+	c.commits++
+	return c.Store.Commit(ctx, conds, ops)
+}

@@ -9,6 +9,10 @@ import (
 	"github.com/ringipam/ringipam/pkg/store"
 )
 
+// maxReadoptMoves bounds the addresses one commit of Readopt moves out of
+// tombstoned ranges.
+const maxReadoptMoves = 16
+
 // ErrNotLive: Readopt needs this host's liveness key to exist.
 var ErrNotLive = errors.New("this host's liveness key does not exist")
 
@@ -24,10 +28,11 @@ var ErrNotLive = errors.New("this host's liveness key does not exist")
 //
 // It runs on the host itself, after its agent takes its liveness key (the
 // agent calls it once per lease taken, until it succeeds); it releases
-// nothing and touches nothing of another host. Each pool changes in one
-// commit conditioned on the liveness key as read (present), the ring and
-// the host's state, so no reclaim commit and no allocation or release of
-// the host lands between its reads and its commit; the liveness key is
+// nothing and touches nothing of another host. Each pool changes in a
+// commit (one per maxReadoptMoves addresses) conditioned on the liveness
+// key as read (present), the range keys it rewrites and the host's state,
+// so no reclaim commit and no allocation or release of the host lands
+// between its reads and its commit; the liveness key is
 // read before the owners, so every reclaim commit came before those reads,
 // and so are each pool's ring and state, so every allocation or release
 // that the owners read misses changes the state and refuses the commit.
@@ -45,7 +50,7 @@ func (a *Allocator) Readopt(ctx context.Context) ([]string, error) {
 		if !live[0].Exists() {
 			return fmt.Errorf("%w: readopting %s's owners", ErrNotLive, a.host)
 		}
-		// Each pool's ring and host state are read before the owners: an
+		// Each pool's host state is read before the owners: an
 		// allocation or release of this host that commits after these
 		// reads changes the host state, so the commit below is refused
 		// and the whole readoption runs again; one that committed before
@@ -86,40 +91,67 @@ func (a *Allocator) Readopt(ctx context.Context) ([]string, error) {
 			}
 		}
 		for _, pr := range pools {
-			p, kvs := pr.name, pr.kvs
-			t := &poolTxn{name: p, def: pr.def, hostKV: kvs[1]}
-			if kvs[1].Exists() {
-				if err := decodeHostState(kvs[1].Value, &t.host); err != nil {
-					return fmt.Errorf("%s: corrupt host state: %w", kvs[1].Key, err)
+			p, hostKV := pr.name, pr.kvs[1]
+			rest := mine[p]
+			for first := true; ; first = false {
+				t := &poolTxn{name: p, def: pr.def, hostKV: hostKV}
+				if hostKV.Exists() {
+					if err := decodeHostState(hostKV.Value, &t.host); err != nil {
+						return fmt.Errorf("%s: corrupt host state: %w", hostKV.Key, err)
+					}
 				}
-			}
-			if err := a.repairState(ctx, t); err != nil {
-				return err
-			}
-			tx := t.ringTxn(a)
-			for _, v := range mine[p] {
-				r, held, _, err := tx.at(ctx, v)
+				if err := a.repairState(ctx, t); err != nil {
+					return err
+				}
+				// At most maxReadoptMoves addresses per commit (each a
+				// few range keys), far below store.MaxOps.
+				tx := t.ringTxn(a)
+				moved := 0
+				for len(rest) > 0 && moved < maxReadoptMoves {
+					v := rest[0]
+					rest = rest[1:]
+					r, held, _, err := tx.at(ctx, v)
+					if err != nil {
+						return err
+					}
+					if held && r.host == a.host && r.tomb {
+						if err := tx.assign(ctx, r, span{v, v}, a.host, false); err != nil {
+							return err
+						}
+						moved++
+					}
+				}
+				used := uint64(len(mine[p]))
+				if tx.empty() && t.host.Used == used && (hostKV.Exists() || used == 0) {
+					break
+				}
+				t.host.Used = used
+				conds, ops := tx.finish()
+				conds = append(conds, store.Unchanged(live[0]), store.Unchanged(hostKV))
+				wrote := encodeHostState(t.host)
+				ops = append(ops, store.Put(hostKey(p, a.host), wrote))
+				if err := a.st.Commit(ctx, conds, ops); err != nil {
+					return err
+				}
+				if first {
+					changed = append(changed, p)
+				}
+				if len(rest) == 0 {
+					break
+				}
+				// The next batch conditions on the state this one wrote:
+				// read again, it must hold those very bytes (an allocation
+				// or release of this host in between changed them; then
+				// the owners read are stale and everything runs again).
+				kvs, err := a.st.Get(ctx, hostKey(p, a.host))
 				if err != nil {
 					return err
 				}
-				if held && r.host == a.host && r.tomb {
-					if err := tx.assign(ctx, r, span{v, v}, a.host, false); err != nil {
-						return err
-					}
+				if string(kvs[0].Value) != string(wrote) {
+					return fmt.Errorf("%w: %s changed between two commits of the readoption", store.ErrConflict, hostKey(p, a.host))
 				}
+				hostKV = kvs[0]
 			}
-			used := uint64(len(mine[p]))
-			if tx.empty() && t.host.Used == used && (kvs[1].Exists() || used == 0) {
-				continue
-			}
-			t.host.Used = used
-			conds, ops := tx.finish()
-			conds = append(conds, store.Unchanged(live[0]), store.Unchanged(kvs[1]))
-			ops = append(ops, store.Put(hostKey(p, a.host), encodeHostState(t.host)))
-			if err := a.st.Commit(ctx, conds, ops); err != nil {
-				return err
-			}
-			changed = append(changed, p)
 		}
 		return nil
 	})
