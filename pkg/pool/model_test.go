@@ -71,9 +71,10 @@ func modelRing(st *mstore, patch map[string][]byte) ring {
 	}
 	r, err := ringOfRanges(def, rs)
 	if err != nil {
-		// Overlapping ranges: a ring that check refuses.
+		// Overlapping ranges: a ring that check refuses, its second
+		// token naming what overlaps.
 		r = newRing(def)
-		r.tokens = append(r.tokens, token{Start: r.tokens[0].Start, Host: "overlapping ranges"})
+		r.tokens = append(r.tokens, token{Start: r.tokens[0].Start, Host: err.Error()})
 	}
 	return r
 }
@@ -275,6 +276,9 @@ func checkState(m *model, s *mstate, opt checkOptions) string {
 	}
 	// The ring covers the pool exactly once.
 	if err := v.ring.check(); err != nil {
+		if len(v.ring.tokens) == 2 && v.ring.tokens[1].Start == v.ring.tokens[0].Start {
+			return "ring-cover: " + v.ring.tokens[1].Host // modelRing's overlap
+		}
 		return "ring-cover: " + err.Error()
 	}
 	// Each host's state lists exactly its live ranges (what its
