@@ -57,11 +57,19 @@ func (a *Allocator) planClaim(ctx context.Context, t *poolTxn) error {
 		return &CapacityError{Pool: pool, Capacity: "0"}
 	}
 	// 1. Unowned space, by aligned blocks.
+	// A host's first claim tries the pool's first block, then its
+	// pseudo-random ones; its k-th claim tries the k-th group of
+	// maxRandomBlocks (fresh positions: the earlier ones are taken, often
+	// by itself).
 	var tried []u128
+	claimNo := len(t.host.Ranges)
 	for i := 0; i <= maxRandomBlocks; i++ {
 		v := segs[0].lo
-		if i > 0 {
-			v = blockAddr(segs, a.host, pool, i)
+		switch {
+		case i > 0:
+			v = blockAddr(segs, a.host, pool, claimNo*maxRandomBlocks+i)
+		case claimNo > 0:
+			continue
 		}
 		b, c := tx.blockOf(v)
 		if slices.Contains(tried, b.lo) || len(clip(c, segs)) == 0 {

@@ -392,3 +392,36 @@ func (c *commitCounter) Commit(ctx context.Context, conds []store.Cond, ops []st
 	c.commits++
 	return c.Store.Commit(ctx, conds, ops)
 }
+
+// rangeScans counts the scans of every range key of a pool (limit 0).
+type rangeScans struct {
+	store.Store
+	full int
+}
+
+func (s *rangeScans) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
+	if limit <= 0 && strings.HasPrefix(from, prefixRing) {
+		s.full++
+	}
+	return s.Store.Scan(ctx, from, to, limit)
+}
+
+// A host's later claims try fresh block positions: twenty claims in a
+// large pool never fall back to reading every range key.
+func TestLaterClaimsTryFreshBlocks(t *testing.T) {
+	ctx := context.Background()
+	st := &rangeScans{Store: memory.New()}
+	def := Def{Name: "p", Ranges: []Range{{Subnet: mustPrefix("2001:db8:3::/64")}}}
+	a, _ := New(st, "h1")
+	for i := range 20*maxBlock + 1 {
+		if _, err := a.Allocate(ctx, Request{Owner: own(fmt.Sprint("c", i)), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := a.Stats().Claims; c != 21 {
+		t.Fatalf("%d claims, want 21", c)
+	}
+	if st.full != 0 {
+		t.Fatalf("21 claims read every range key %d times; want none (a fresh block each time)", st.full)
+	}
+}
