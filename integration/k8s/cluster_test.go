@@ -105,6 +105,8 @@ type cluster struct {
 	holder *proc // the mount namespace's holder (sleep)
 	procs  map[string]*proc
 	cs     *kubernetes.Clientset
+	// args are the node's components' arguments (restartProc).
+	args map[string][]string
 }
 
 // hostDir is where path of the node's file system (one of the directories
@@ -137,7 +139,7 @@ var nodeMounts = []struct{ src, target string }{
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	requireK8s(t)
-	c := &cluster{procs: map[string]*proc{}}
+	c := &cluster{procs: map[string]*proc{}, args: map[string][]string{}}
 	dir, err := os.MkdirTemp("", "rik8s-")
 	if err != nil {
 		t.Fatal(err)
@@ -438,7 +440,31 @@ func (c *cluster) startProc(t *testing.T, name string, inNode bool, args ...stri
 	}
 	p := c.spawn(t, name, "nsenter", append(append(nsArgs, bin), args...)...)
 	c.procs[name] = p
+	if inNode {
+		c.args[name] = args
+	}
 	return p
+}
+
+// restartProc starts the node's component name again with the arguments
+// it was first started with (after stopping it).
+func (c *cluster) restartProc(t *testing.T, name string) *proc {
+	t.Helper()
+	return c.startProc(t, name, true, c.args[name]...)
+}
+
+// waitContainerd waits until the node's containerd answers.
+func (c *cluster) waitContainerd(t *testing.T) {
+	t.Helper()
+	sock := filepath.Join(c.dir, "c.sock")
+	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
+		if err := c.procs["containerd"].exitErr(); err != nil {
+			return false, err
+		}
+		return exec.CommandContext(ctx, "ctr", "-a", sock, "version").Run() == nil, nil
+	}); err != nil {
+		t.Fatalf("containerd: %v\n%s", err, c.procs["containerd"].tail(30))
+	}
 }
 
 func (c *cluster) spawn(t *testing.T, name, bin string, args ...string) *proc {
