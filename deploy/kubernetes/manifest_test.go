@@ -379,8 +379,8 @@ func TestDaemonSet(t *testing.T) {
 	if !cfg.KubeReclaimNodes || !cfg.KubeVanishedPods || cfg.Kubeconfig != "" {
 		t.Errorf("ringipamd: kube-reclaim-nodes %v, kube-vanished-pods %v, kubeconfig %q: want both on, in-cluster", cfg.KubeReclaimNodes, cfg.KubeVanishedPods, cfg.Kubeconfig)
 	}
-	if p := hostPathAt(t, spec, a, cfg.CRISocket); p != "/run/containerd/containerd.sock" {
-		t.Errorf("ringipamd: the CRI socket %s is the host's %s, want containerd's", cfg.CRISocket, p)
+	if p := hostPathAt(t, spec, a, path.Dir(cfg.CRISocket)); p != "/run/containerd" || path.Base(cfg.CRISocket) != "containerd.sock" {
+		t.Errorf("ringipamd: the CRI socket %s is in the host's %s, want containerd's /run/containerd/containerd.sock", cfg.CRISocket, p)
 	}
 	if r := m.cr.Rules; len(r) != 1 || !reflect.DeepEqual(r[0], rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes", "pods"},
 		Verbs: []string{"list", "watch"}}) {

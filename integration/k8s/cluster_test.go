@@ -45,6 +45,12 @@ const (
 	apiPort = "6443"
 )
 
+// criSock is the node's containerd's socket under the cluster's dir: in a
+// directory of its own, which the agent's pod mounts (as the manifest
+// mounts the node's /run/containerd: a socket file mounted alone would be
+// the old one after containerd restarts).
+const criSock = "cri/containerd.sock"
+
 // Deadlines of the control plane's start and stop.
 const (
 	apiserverTimeout = 3 * time.Minute // first answer of /readyz (etcd 3.4 on a loaded machine)
@@ -313,11 +319,14 @@ func (c *cluster) startNode(t *testing.T) {
 		t.Fatalf("node mount namespace: %v\n%s", err, c.holder.tail(20))
 	}
 
+	if err := os.MkdirAll(filepath.Dir(filepath.Join(d, criSock)), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(d, "containerd.toml"), []byte(containerdConfig(d)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c.startProc(t, "containerd", true, "--config", filepath.Join(d, "containerd.toml"))
-	sock := filepath.Join(d, "c.sock")
+	sock := filepath.Join(d, criSock)
 	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
 		if err := c.procs["containerd"].exitErr(); err != nil {
 			return false, err
@@ -392,7 +401,7 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFr
 func containerdConfig(dir string) string {
 	return crinode.ContainerdConfig(crinode.Paths{
 		Root: filepath.Join(dir, "containerd-root"), State: filepath.Join(dir, "containerd-state"),
-		Socket: filepath.Join(dir, "c.sock"), SandboxImage: pause.Image,
+		Socket: filepath.Join(dir, criSock), SandboxImage: pause.Image,
 		CNIBin: "/opt/cni/bin", CNIConf: "/etc/cni/net.d",
 	})
 }
@@ -404,7 +413,7 @@ func (c *cluster) importImage(t *testing.T, archive, baseName string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), nodeTimeout)
 	defer cancel()
-	args := []string{"-a", filepath.Join(c.dir, "c.sock"), "-n", "k8s.io", "images", "import"}
+	args := []string{"-a", filepath.Join(c.dir, criSock), "-n", "k8s.io", "images", "import"}
 	if baseName != "" {
 		args = append(args, "--base-name", baseName)
 	}
@@ -456,7 +465,7 @@ func (c *cluster) restartProc(t *testing.T, name string) *proc {
 // waitContainerd waits until the node's containerd answers.
 func (c *cluster) waitContainerd(t *testing.T) {
 	t.Helper()
-	sock := filepath.Join(c.dir, "c.sock")
+	sock := filepath.Join(c.dir, criSock)
 	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
 		if err := c.procs["containerd"].exitErr(); err != nil {
 			return false, err
@@ -693,7 +702,7 @@ func (c *cluster) removeCgroups(t *testing.T) {
 // killShims kills the shims of the node's containerd (they name its socket
 // in their command line) that did not exit with their sandboxes.
 func (c *cluster) killShims(t *testing.T) {
-	want := []byte(filepath.Join(c.dir, "c.sock") + "\x00")
+	want := []byte(filepath.Join(c.dir, criSock) + "\x00")
 	for _, pid := range processes(func(_ int, cmdline []byte) bool {
 		return bytes.Contains(cmdline, []byte("containerd-shim")) && bytes.Contains(cmdline, want)
 	}) {

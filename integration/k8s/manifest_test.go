@@ -40,8 +40,9 @@ const (
 	poolName        = "k8s-pods-v4"
 	installNS       = "ringipam-system"
 	secretName      = "ringipam-etcd-client"
-	// shippedCRISocket is the host's CRI socket the manifest mounts.
-	shippedCRISocket = "/run/containerd/containerd.sock"
+	// shippedCRIDir is the host's directory of the CRI socket the
+	// manifest mounts (the socket: containerd.sock, as the suite's).
+	shippedCRIDir = "/run/containerd"
 )
 
 // installTimeout bounds the DaemonSet's rollout and the node's readiness.
@@ -102,11 +103,15 @@ func (c *cluster) loadManifest(t *testing.T) *manifest {
 			// The cluster has no kube-proxy: in-cluster clients (the
 			// preStop hook) reach the apiserver at its own address, as
 			// on any cluster without a service proxy.
-			// The node's containerd's CRI socket is the suite's.
+			// The node's containerd's socket directory is the suite's.
+			found := false
 			for i := range spec.Volumes {
-				if hp := spec.Volumes[i].HostPath; hp != nil && hp.Path == shippedCRISocket {
-					hp.Path = filepath.Join(c.dir, "c.sock")
+				if hp := spec.Volumes[i].HostPath; hp != nil && hp.Path == shippedCRIDir {
+					hp.Path, found = filepath.Dir(filepath.Join(c.dir, criSock)), true
 				}
+			}
+			if !found {
+				t.Fatalf("DaemonSet: no hostPath volume of %s: the suite's substitution no longer matches the manifest", shippedCRIDir)
 			}
 			for i := range spec.Containers {
 				spec.Containers[i].Env = append(spec.Containers[i].Env,

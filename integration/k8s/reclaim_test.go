@@ -287,7 +287,7 @@ func (c *cluster) ctr(t *testing.T, args ...string) (string, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, "ctr", append([]string{"-a", filepath.Join(c.dir, "c.sock"), "-n", "k8s.io"}, args...)...).CombinedOutput()
+	out, err := exec.CommandContext(ctx, "ctr", append([]string{"-a", filepath.Join(c.dir, criSock), "-n", "k8s.io"}, args...)...).CombinedOutput()
 	return string(out), err
 }
 
