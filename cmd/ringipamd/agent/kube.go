@@ -11,7 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
@@ -50,7 +50,7 @@ import (
 
 // kubeClients are the agent's clients of the apiserver.
 type kubeClients struct {
-	cs   kubernetes.Interface
+	core corev1client.CoreV1Interface
 	meta metadata.Interface
 }
 
@@ -69,7 +69,8 @@ func newKubeClients(kubeconfig string) (*kubeClients, error) {
 	}
 	cfg.UserAgent = "ringipamd"
 	cfg.Timeout = 30 * time.Second
-	cs, err := kubernetes.NewForConfig(cfg)
+	// The core group's client only (pods): not every group's.
+	core, err := corev1client.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client: %w", err)
 	}
@@ -77,7 +78,7 @@ func newKubeClients(kubeconfig string) (*kubeClients, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes metadata client: %w", err)
 	}
-	return &kubeClients{cs: cs, meta: meta}, nil
+	return &kubeClients{core: core, meta: meta}, nil
 }
 
 var nodesResource = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}

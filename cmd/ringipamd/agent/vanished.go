@@ -164,7 +164,7 @@ func (w *podWatch) prune(now time.Time, keep time.Duration) {
 func (a *Agent) collectVanishedPods(ctx context.Context) {
 	grace := time.Duration(a.cfg.VanishedGrace)
 	sel := fields.OneTermEqualSelector("spec.nodeName", a.cfg.Host).String()
-	lw := cache.NewFilteredListWatchFromClient(a.kube.cs.CoreV1().RESTClient(), "pods", metav1.NamespaceAll,
+	lw := cache.NewFilteredListWatchFromClient(a.kube.core.RESTClient(), "pods", metav1.NamespaceAll,
 		func(o *metav1.ListOptions) { o.FieldSelector = sel })
 	w := &podWatch{gone: map[types.UID]time.Time{}}
 	w.inf = cache.NewSharedIndexInformer(lw, &corev1.Pod{}, a.resyncPeriod(), cache.Indexers{})
