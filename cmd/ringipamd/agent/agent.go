@@ -65,6 +65,7 @@ type options struct {
 	compactEvery time.Duration
 	seenEvery    time.Duration
 	apiWrap      func(net.Listener) net.Listener
+	kube         *kubeClients
 }
 
 // WithClock makes the agent (and its sweeps) judge time by now.
@@ -243,7 +244,8 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 	} else {
 		a.rt = nil
 	}
-	if cfg.kube() {
+	a.kube = o.kube
+	if cfg.kube() && a.kube == nil {
 		if a.kube, err = newKubeClients(cfg.Kubeconfig); err != nil {
 			a.st.Close()
 			return nil, err

@@ -54,6 +54,9 @@ type kubeClients struct {
 	meta metadata.Interface
 }
 
+// withKube replaces the apiserver's clients (tests: fakes).
+func withKube(k *kubeClients) Option { return func(o *options) { o.kube = k } }
+
 // newKubeClients builds the clients from the kubeconfig file, or the
 // pod's in-cluster configuration when none is named.
 func newKubeClients(kubeconfig string) (*kubeClients, error) {
