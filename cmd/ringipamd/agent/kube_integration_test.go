@@ -71,7 +71,9 @@ func TestDeletedNodeReclaimed(t *testing.T) {
 	later := e.start(t, e.kubeConfig(t, "later", false), withKube(kube))
 	docker := e.start(t, e.config(t, "docker"))
 	def := pool.Def{Name: "p", Ranges: []pool.Range{{Subnet: netip.MustParsePrefix("198.18.0.0/24")}}}
-	owner := func(id string) pool.Owner { return pool.Owner{Kind: pool.KindCNI, Network: "n", ContainerID: id, IfName: "eth0"} }
+	owner := func(id string) pool.Owner {
+		return pool.Owner{Kind: pool.KindCNI, Network: "n", ContainerID: id, IfName: "eth0"}
+	}
 	check := e.allocator(t, "check", nil)
 	for _, h := range []string{"gone", "later", "docker"} {
 		a := e.allocator(t, h, nil)
