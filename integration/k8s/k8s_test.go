@@ -143,6 +143,7 @@ func TestKubernetes(t *testing.T) {
 		{"HostPort", testHostPort},
 		{"AgentRestart", testAgentRestart},
 		{"AgentReplaced", testAgentReplaced},
+		{"RollingUpdate", testRollingUpdate},
 		{"NodeDeleted", testNodeDeleted},
 		{"VanishedPods", testVanishedPods},
 	} {

@@ -257,6 +257,8 @@ func testNodeDeleted(t *testing.T, c *cluster) {
 	if h.State != "up" || h.Ranges == 0 || h.OrphanedAt.IsZero() {
 		t.Errorf("%s back: status %+v; want up, a range of its own, the orphaned mark shown", b, h)
 	}
+	// Fresh space: it had no live range after the reclaim, it claimed one
+	// now (the address may be one it had: its old owners are released).
 	t.Logf("%s back under its name: %v from fresh space (%d ranges), ringctl status shows it %s, orphaned at %s", b, got.Addrs, h.Ranges, h.State, h.OrphanedAt.UTC().Format(time.TimeOnly))
 
 	// Gone again, for the scenarios after: its Node, its agent, its space.
