@@ -10,10 +10,10 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/metadata"
-	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -50,7 +50,6 @@ import (
 
 // kubeClients are the agent's clients of the apiserver.
 type kubeClients struct {
-	core corev1client.CoreV1Interface
 	meta metadata.Interface
 }
 
@@ -72,19 +71,37 @@ func newKubeClients(kubeconfig string) (*kubeClients, error) {
 	}
 	cfg.UserAgent = "ringipamd"
 	cfg.Timeout = 30 * time.Second
-	// The core group's client only (pods): not every group's.
-	core, err := corev1client.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
-	}
 	meta, err := metadata.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes metadata client: %w", err)
 	}
-	return &kubeClients{core: core, meta: meta}, nil
+	return &kubeClients{meta: meta}, nil
 }
 
 var nodesResource = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+
+// metadataInformer is an informer of the metadata (PartialObjectMetadata)
+// of resource, its lists and watches shaped by tweak (nil: all): client-go's
+// metadatainformer without its package, which links every API group's
+// types through the informers' interfaces (the agent's binary would double).
+func metadataInformer(c metadata.Interface, resource schema.GroupVersionResource, resync time.Duration, tweak func(*metav1.ListOptions)) cache.SharedIndexInformer {
+	if tweak == nil {
+		tweak = func(*metav1.ListOptions) {}
+	}
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			tweak(&o)
+			return c.Resource(resource).List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			tweak(&o)
+			return c.Resource(resource).Watch(ctx, o)
+		},
+	}
+	// As metadatainformer does: a client that cannot stream the initial
+	// list (a fake) is listed, then watched.
+	return cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, c), &metav1.PartialObjectMetadata{}, resync, cache.Indexers{})
+}
 
 // nodeCandidates are the hosts the leader reclaims when its Node informer
 // has synced: hosts marked Kubernetes nodes (never others: see above),
@@ -115,8 +132,7 @@ type nodeReclaimer struct {
 
 // reclaimDeletedNodes runs while this agent leads (etcd only): see above.
 func (a *Agent) reclaimDeletedNodes(ctx context.Context) {
-	inf := metadatainformer.NewFilteredMetadataInformer(a.kube.meta, nodesResource, metav1.NamespaceAll,
-		a.resyncPeriod(), cache.Indexers{}, nil).Informer()
+	inf := metadataInformer(a.kube.meta, nodesResource, a.resyncPeriod(), nil)
 	r := &nodeReclaimer{a: a, nodes: inf, pending: map[string]context.CancelFunc{}}
 	_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {

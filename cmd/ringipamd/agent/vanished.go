@@ -8,9 +8,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -28,8 +28,9 @@ import (
 // records the pod (K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_UID) and the
 // time with each new allocation (pool.Allocation's Pod and Since); the
 // owner's container ID is the pod's sandbox ID. Every agent follows the
-// pods of its own node only (an informer with the field selector
-// spec.nodeName=<host>: its cost does not grow with the cluster) and,
+// pods of its own node only (a metadata-only informer, namespace, name
+// and UID, with the field selector spec.nodeName=<host>: its cost does
+// not grow with the cluster) and,
 // every vanishedEvery, reads this host's own CNI owners (its index: O(its
 // pods)) and asks the runtime for its sandboxes (one CRI ListPodSandbox).
 // An owner is released (vanished) only when all of these hold:
@@ -51,6 +52,8 @@ import (
 // ports, under the attachment's lock) then ipam-ring's (pool ReleaseWith:
 // a reservation keeps its address held as after any DEL). Each is logged
 // and counted in ringipam_vanished_pods_released_total.
+
+var podsResource = schema.GroupVersionResource{Version: "v1", Resource: "pods"}
 
 // podPresence is what the pod informer says of an owner's pod.
 type podPresence int
@@ -133,9 +136,9 @@ func (w *podWatch) facts(rec pool.Allocation, now time.Time, f *vanishedFacts) {
 	f.Synced = !synced.IsZero()
 	f.Pod = podAbsent
 	if obj, ok, err := w.inf.GetStore().GetByKey(rec.Pod.Namespace + "/" + rec.Pod.Name); err == nil && ok {
-		if p, ok := obj.(*corev1.Pod); ok {
+		if p, ok := obj.(metav1.Object); ok {
 			f.Pod = podPresent
-			if rec.Pod.UID != "" && string(p.UID) != rec.Pod.UID {
+			if rec.Pod.UID != "" && string(p.GetUID()) != rec.Pod.UID {
 				f.Pod = podOtherUID
 			}
 		}
@@ -164,17 +167,15 @@ func (w *podWatch) prune(now time.Time, keep time.Duration) {
 func (a *Agent) collectVanishedPods(ctx context.Context) {
 	grace := time.Duration(a.cfg.VanishedGrace)
 	sel := fields.OneTermEqualSelector("spec.nodeName", a.cfg.Host).String()
-	lw := cache.NewFilteredListWatchFromClient(a.kube.core.RESTClient(), "pods", metav1.NamespaceAll,
-		func(o *metav1.ListOptions) { o.FieldSelector = sel })
 	w := &podWatch{gone: map[types.UID]time.Time{}}
-	w.inf = cache.NewSharedIndexInformer(lw, &corev1.Pod{}, a.resyncPeriod(), cache.Indexers{})
+	w.inf = metadataInformer(a.kube.meta, podsResource, a.resyncPeriod(), func(o *metav1.ListOptions) { o.FieldSelector = sel })
 	_, err := w.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
 			if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = d.Obj
 			}
-			if p, ok := obj.(*corev1.Pod); ok {
-				w.deleted(p.UID, a.now())
+			if p, ok := obj.(metav1.Object); ok {
+				w.deleted(p.GetUID(), a.now())
 			}
 		},
 	})
