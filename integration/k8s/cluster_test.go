@@ -22,11 +22,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/ringipam/ringipam/integration/crinode"
 	"github.com/ringipam/ringipam/integration/netns"
@@ -462,17 +465,25 @@ func (c *cluster) restartProc(t *testing.T, name string) *proc {
 	return c.startProc(t, name, true, c.args[name]...)
 }
 
-// waitContainerd waits until the node's containerd answers.
+// waitContainerd waits until the node's containerd answers over CRI (its
+// CRI plugin initialised: kubelet, started before, exits with "server is
+// not initialized yet").
 func (c *cluster) waitContainerd(t *testing.T) {
 	t.Helper()
-	sock := filepath.Join(c.dir, criSock)
+	conn, err := grpc.NewClient("unix://"+filepath.Join(c.dir, criSock), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rt := runtimeapi.NewRuntimeServiceClient(conn)
 	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
 		if err := c.procs["containerd"].exitErr(); err != nil {
 			return false, err
 		}
-		return exec.CommandContext(ctx, "ctr", "-a", sock, "version").Run() == nil, nil
+		_, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+		return err == nil, nil
 	}); err != nil {
-		t.Fatalf("containerd: %v\n%s", err, c.procs["containerd"].tail(30))
+		t.Fatalf("containerd's CRI: %v\n%s", err, c.procs["containerd"].tail(30))
 	}
 }
 

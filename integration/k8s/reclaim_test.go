@@ -350,6 +350,9 @@ func testVanishedPods(t *testing.T, c *cluster) {
 		t.Fatal(err)
 	}
 	c.restartProc(t, "kubelet")
+	// kubelet serves again (it exits at once when it cannot use the
+	// runtime).
+	c.waitKubelet(t)
 
 	// The agent releases it (no DEL came: the address is held until then).
 	if err := c.poll(reclaimTimeout, func(context.Context) (bool, error) {
@@ -385,8 +388,26 @@ func testVanishedPods(t *testing.T, c *cluster) {
 		t.Fatal(err)
 	}
 	c.waitPods(t, "vanished", 0)
-	// kubelet back: the node Ready again for the scenarios after.
+	c.checkNothingLeft(t, "the pods gone")
+}
+
+// waitKubelet waits until the restarted kubelet answers its /healthz (on
+// the node's loopback: healthzBindAddress) and its node is Ready.
+func (c *cluster) waitKubelet(t *testing.T) {
+	t.Helper()
+	cl := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: c.node.DialContext}}
 	if err := c.poll(installTimeout, func(ctx context.Context) (bool, error) {
+		if err := c.procs["kubelet"].exitErr(); err != nil {
+			return false, err
+		}
+		resp, err := cl.Get("http://127.0.0.1:10248/healthz")
+		if err != nil {
+			return false, nil
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return false, nil
+		}
 		n, err := c.cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 		if err != nil {
 			return false, nil
@@ -398,7 +419,6 @@ func testVanishedPods(t *testing.T, c *cluster) {
 		}
 		return false, nil
 	}); err != nil {
-		t.Fatalf("node %s not Ready after kubelet's restart: %v", nodeName, err)
+		t.Fatalf("kubelet not serving, node %s not Ready after kubelet's restart: %v\n%s", nodeName, err, c.procs["kubelet"].tail(20))
 	}
-	c.checkNothingLeft(t, "the pods gone")
 }
