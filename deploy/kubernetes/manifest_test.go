@@ -40,6 +40,8 @@ type manifest struct {
 	sa   *corev1.ServiceAccount
 	role *rbacv1.Role
 	rb   *rbacv1.RoleBinding
+	cr   *rbacv1.ClusterRole
+	crb  *rbacv1.ClusterRoleBinding
 	cm   *corev1.ConfigMap
 	ds   *appsv1.DaemonSet
 	all  []metav1.Object
@@ -93,6 +95,10 @@ func decodeStrict(doc []byte) (any, error) {
 		obj = &rbacv1.Role{}
 	case "rbac.authorization.k8s.io/v1 RoleBinding":
 		obj = &rbacv1.RoleBinding{}
+	case "rbac.authorization.k8s.io/v1 ClusterRole":
+		obj = &rbacv1.ClusterRole{}
+	case "rbac.authorization.k8s.io/v1 ClusterRoleBinding":
+		obj = &rbacv1.ClusterRoleBinding{}
 	case "apps/v1 DaemonSet":
 		obj = &appsv1.DaemonSet{}
 	default:
@@ -124,6 +130,10 @@ func loadManifest(t *testing.T, b []byte) *manifest {
 			twice, m.role = m.role != nil, o
 		case *rbacv1.RoleBinding:
 			twice, m.rb = m.rb != nil, o
+		case *rbacv1.ClusterRole:
+			twice, m.cr = m.cr != nil, o
+		case *rbacv1.ClusterRoleBinding:
+			twice, m.crb = m.crb != nil, o
 		case *appsv1.DaemonSet:
 			twice, m.ds = m.ds != nil, o
 		}
@@ -132,8 +142,8 @@ func loadManifest(t *testing.T, b []byte) *manifest {
 		}
 		m.all = append(m.all, obj.(metav1.Object))
 	}
-	if m.ns == nil || m.sa == nil || m.role == nil || m.rb == nil || m.cm == nil || m.ds == nil {
-		t.Fatalf("want a Namespace, a ServiceAccount, a Role, a RoleBinding, a ConfigMap and a DaemonSet; got %d documents", len(m.all))
+	if m.ns == nil || m.sa == nil || m.role == nil || m.rb == nil || m.cr == nil || m.crb == nil || m.cm == nil || m.ds == nil {
+		t.Fatalf("want a Namespace, a ServiceAccount, a Role, a RoleBinding, a ClusterRole, a ClusterRoleBinding, a ConfigMap and a DaemonSet; got %d documents", len(m.all))
 	}
 	return m
 }
@@ -226,6 +236,9 @@ func hostPathAt(t *testing.T, spec *corev1.PodSpec, c *corev1.Container, dir str
 func TestDaemonSet(t *testing.T) {
 	m := loadManifest(t, readManifest(t))
 	for _, o := range m.all[1:] {
+		if o == metav1.Object(m.cr) || o == metav1.Object(m.crb) {
+			continue // cluster-scoped
+		}
 		if o.GetNamespace() != m.ns.Name {
 			t.Errorf("%s is in namespace %q, not %q", o.GetName(), o.GetNamespace(), m.ns.Name)
 		}
@@ -358,6 +371,24 @@ func TestDaemonSet(t *testing.T) {
 	if rb := m.rb; rb.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: m.role.Name}) || len(rb.Subjects) != 1 ||
 		rb.Subjects[0] != (rbacv1.Subject{Kind: "ServiceAccount", Name: m.sa.Name, Namespace: m.ns.Name}) {
 		t.Errorf("RoleBinding %+v: want Role %s bound to ServiceAccount %s", rb, m.role.Name, m.sa.Name)
+	}
+	// Kubernetes: the leader reclaims deleted Nodes' hosts, every agent
+	// collects its node's vanished pods, asking the runtime's socket; the
+	// ClusterRole lets the agent list and watch Nodes and pods, nothing
+	// else.
+	if !cfg.KubeReclaimNodes || !cfg.KubeVanishedPods || cfg.Kubeconfig != "" {
+		t.Errorf("ringipamd: kube-reclaim-nodes %v, kube-vanished-pods %v, kubeconfig %q: want both on, in-cluster", cfg.KubeReclaimNodes, cfg.KubeVanishedPods, cfg.Kubeconfig)
+	}
+	if p := hostPathAt(t, spec, a, path.Dir(cfg.CRISocket)); p != "/run/containerd" || path.Base(cfg.CRISocket) != "containerd.sock" {
+		t.Errorf("ringipamd: the CRI socket %s is in the host's %s, want containerd's /run/containerd/containerd.sock", cfg.CRISocket, p)
+	}
+	if r := m.cr.Rules; len(r) != 1 || !reflect.DeepEqual(r[0], rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"nodes", "pods"},
+		Verbs: []string{"list", "watch"}}) {
+		t.Errorf("ClusterRole rules %+v: want list and watch of nodes and pods only", r)
+	}
+	if b := m.crb; b.RoleRef != (rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: m.cr.Name}) || len(b.Subjects) != 1 ||
+		b.Subjects[0] != (rbacv1.Subject{Kind: "ServiceAccount", Name: m.sa.Name, Namespace: m.ns.Name}) {
+		t.Errorf("ClusterRoleBinding %+v: want ClusterRole %s bound to ServiceAccount %s", b, m.cr.Name, m.sa.Name)
 	}
 	for _, c := range []*corev1.Container{in, a} {
 		for dir, host := range map[string]string{"/host/opt/cni/bin": "/opt/cni/bin", "/host/etc/cni/net.d": "/etc/cni/net.d", "/var/lib/ringipam": "/var/lib/ringipam"} {

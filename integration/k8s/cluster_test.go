@@ -22,11 +22,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/ringipam/ringipam/integration/crinode"
 	"github.com/ringipam/ringipam/integration/netns"
@@ -44,6 +47,12 @@ const (
 	// apiPort is the apiserver's port on nodeIP.
 	apiPort = "6443"
 )
+
+// criSock is the node's containerd's socket under the cluster's dir: in a
+// directory of its own, which the agent's pod mounts (as the manifest
+// mounts the node's /run/containerd: a socket file mounted alone would be
+// the old one after containerd restarts).
+const criSock = "cri/containerd.sock"
 
 // Deadlines of the control plane's start and stop.
 const (
@@ -105,6 +114,8 @@ type cluster struct {
 	holder *proc // the mount namespace's holder (sleep)
 	procs  map[string]*proc
 	cs     *kubernetes.Clientset
+	// args are the node's components' arguments (restartProc).
+	args map[string][]string
 }
 
 // hostDir is where path of the node's file system (one of the directories
@@ -137,7 +148,7 @@ var nodeMounts = []struct{ src, target string }{
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	requireK8s(t)
-	c := &cluster{procs: map[string]*proc{}}
+	c := &cluster{procs: map[string]*proc{}, args: map[string][]string{}}
 	dir, err := os.MkdirTemp("", "rik8s-")
 	if err != nil {
 		t.Fatal(err)
@@ -311,11 +322,14 @@ func (c *cluster) startNode(t *testing.T) {
 		t.Fatalf("node mount namespace: %v\n%s", err, c.holder.tail(20))
 	}
 
+	if err := os.MkdirAll(filepath.Dir(filepath.Join(d, criSock)), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(d, "containerd.toml"), []byte(containerdConfig(d)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c.startProc(t, "containerd", true, "--config", filepath.Join(d, "containerd.toml"))
-	sock := filepath.Join(d, "c.sock")
+	sock := filepath.Join(d, criSock)
 	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
 		if err := c.procs["containerd"].exitErr(); err != nil {
 			return false, err
@@ -390,7 +404,7 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFr
 func containerdConfig(dir string) string {
 	return crinode.ContainerdConfig(crinode.Paths{
 		Root: filepath.Join(dir, "containerd-root"), State: filepath.Join(dir, "containerd-state"),
-		Socket: filepath.Join(dir, "c.sock"), SandboxImage: pause.Image,
+		Socket: filepath.Join(dir, criSock), SandboxImage: pause.Image,
 		CNIBin: "/opt/cni/bin", CNIConf: "/etc/cni/net.d",
 	})
 }
@@ -402,7 +416,7 @@ func (c *cluster) importImage(t *testing.T, archive, baseName string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), nodeTimeout)
 	defer cancel()
-	args := []string{"-a", filepath.Join(c.dir, "c.sock"), "-n", "k8s.io", "images", "import"}
+	args := []string{"-a", filepath.Join(c.dir, criSock), "-n", "k8s.io", "images", "import"}
 	if baseName != "" {
 		args = append(args, "--base-name", baseName)
 	}
@@ -438,7 +452,39 @@ func (c *cluster) startProc(t *testing.T, name string, inNode bool, args ...stri
 	}
 	p := c.spawn(t, name, "nsenter", append(append(nsArgs, bin), args...)...)
 	c.procs[name] = p
+	if inNode {
+		c.args[name] = args
+	}
 	return p
+}
+
+// restartProc starts the node's component name again with the arguments
+// it was first started with (after stopping it).
+func (c *cluster) restartProc(t *testing.T, name string) *proc {
+	t.Helper()
+	return c.startProc(t, name, true, c.args[name]...)
+}
+
+// waitContainerd waits until the node's containerd answers over CRI (its
+// CRI plugin initialised: kubelet, started before, exits with "server is
+// not initialized yet").
+func (c *cluster) waitContainerd(t *testing.T) {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+filepath.Join(c.dir, criSock), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rt := runtimeapi.NewRuntimeServiceClient(conn)
+	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
+		if err := c.procs["containerd"].exitErr(); err != nil {
+			return false, err
+		}
+		_, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+		return err == nil, nil
+	}); err != nil {
+		t.Fatalf("containerd's CRI: %v\n%s", err, c.procs["containerd"].tail(30))
+	}
 }
 
 func (c *cluster) spawn(t *testing.T, name, bin string, args ...string) *proc {
@@ -667,7 +713,7 @@ func (c *cluster) removeCgroups(t *testing.T) {
 // killShims kills the shims of the node's containerd (they name its socket
 // in their command line) that did not exit with their sandboxes.
 func (c *cluster) killShims(t *testing.T) {
-	want := []byte(filepath.Join(c.dir, "c.sock") + "\x00")
+	want := []byte(filepath.Join(c.dir, criSock) + "\x00")
 	for _, pid := range processes(func(_ int, cmdline []byte) bool {
 		return bytes.Contains(cmdline, []byte("containerd-shim")) && bytes.Contains(cmdline, want)
 	}) {

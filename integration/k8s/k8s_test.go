@@ -11,7 +11,11 @@
 // (manifest_test.go), waits for the DaemonSet, then runs Deployments,
 // StatefulSets and hostPorts whose addresses come from ipam-ring, restarts
 // the agent under them, replaces its pod (its preStop hook keeps the
-// node's files) and deletes the manifest again (the hook removes them).
+// node's files), deletes the Node of a second host (reclaim_test.go: its
+// space reclaimed at once by the leader, once its agent is gone), makes a
+// pod vanish behind the kubelet's back (its address released by the
+// agent after the grace) and deletes the manifest again (the hook removes
+// them).
 //
 // Runs as root. Under CI (the CI variable set) a missing binary fails the
 // suite instead of skipping it.
@@ -46,6 +50,10 @@ func TestMain(m *testing.M) {
 	os.Exit(cnitest.Main(m, func(ctx context.Context, dir string) error {
 		ringctlBin = filepath.Join(dir, "ringctl")
 		if err := cnitest.Build(ctx, ringctlBin, "./cmd/ringctl"); err != nil {
+			return err
+		}
+		agentBin = filepath.Join(dir, "ringipamd")
+		if err := cnitest.Build(ctx, agentBin, "./cmd/ringipamd"); err != nil {
 			return err
 		}
 		var err error
@@ -135,6 +143,9 @@ func TestKubernetes(t *testing.T) {
 		{"HostPort", testHostPort},
 		{"AgentRestart", testAgentRestart},
 		{"AgentReplaced", testAgentReplaced},
+		{"RollingUpdate", testRollingUpdate},
+		{"NodeDeleted", testNodeDeleted},
+		{"VanishedPods", testVanishedPods},
 	} {
 		start := time.Now()
 		if !t.Run(s.name, func(t *testing.T) { s.fn(t, c) }) {

@@ -40,6 +40,9 @@ const (
 	poolName        = "k8s-pods-v4"
 	installNS       = "ringipam-system"
 	secretName      = "ringipam-etcd-client"
+	// shippedCRIDir is the host's directory of the CRI socket the
+	// manifest mounts (the socket: containerd.sock, as the suite's).
+	shippedCRIDir = "/run/containerd"
 )
 
 // installTimeout bounds the DaemonSet's rollout and the node's readiness.
@@ -100,6 +103,16 @@ func (c *cluster) loadManifest(t *testing.T) *manifest {
 			// The cluster has no kube-proxy: in-cluster clients (the
 			// preStop hook) reach the apiserver at its own address, as
 			// on any cluster without a service proxy.
+			// The node's containerd's socket directory is the suite's.
+			found := false
+			for i := range spec.Volumes {
+				if hp := spec.Volumes[i].HostPath; hp != nil && hp.Path == shippedCRIDir {
+					hp.Path, found = filepath.Dir(filepath.Join(c.dir, criSock)), true
+				}
+			}
+			if !found {
+				t.Fatalf("DaemonSet: no hostPath volume of %s: the suite's substitution no longer matches the manifest", shippedCRIDir)
+			}
 			for i := range spec.Containers {
 				spec.Containers[i].Env = append(spec.Containers[i].Env,
 					corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: nodeIP}, corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: apiPort})
@@ -115,6 +128,10 @@ func (c *cluster) loadManifest(t *testing.T) *manifest {
 					for j, a := range cs[i].Args {
 						if strings.HasPrefix(a, "--etcd-endpoints=") {
 							cs[i].Args[j] = replace("DaemonSet args", a, shippedEndpoint, c.etcdInNode)
+						}
+						// The vanished pods' grace, shortened (VanishedPods).
+						if strings.HasPrefix(a, "--vanished-grace=") {
+							cs[i].Args[j] = "--vanished-grace=" + vanishedGrace.String()
 						}
 					}
 				}
@@ -150,6 +167,10 @@ func (c *cluster) create(ctx context.Context, obj runtime.Object) error {
 		_, err = cs.RbacV1().Roles(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 	case *rbacv1.RoleBinding:
 		_, err = cs.RbacV1().RoleBindings(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+	case *rbacv1.ClusterRole:
+		_, err = cs.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+	case *rbacv1.ClusterRoleBinding:
+		_, err = cs.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
 	case *appsv1.DaemonSet:
 		_, err = cs.AppsV1().DaemonSets(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
 	default:
@@ -179,6 +200,10 @@ func (c *cluster) remove(ctx context.Context, obj runtime.Object) error {
 		err = cs.RbacV1().Roles(acc.GetNamespace()).Delete(ctx, acc.GetName(), opts)
 	case *rbacv1.RoleBinding:
 		err = cs.RbacV1().RoleBindings(acc.GetNamespace()).Delete(ctx, acc.GetName(), opts)
+	case *rbacv1.ClusterRole:
+		err = cs.RbacV1().ClusterRoles().Delete(ctx, acc.GetName(), opts)
+	case *rbacv1.ClusterRoleBinding:
+		err = cs.RbacV1().ClusterRoleBindings().Delete(ctx, acc.GetName(), opts)
 	case *appsv1.DaemonSet:
 		err = cs.AppsV1().DaemonSets(acc.GetNamespace()).Delete(ctx, acc.GetName(), opts)
 	default:
@@ -207,6 +232,10 @@ func (c *cluster) exists(ctx context.Context, obj runtime.Object) (bool, error) 
 		_, err = cs.RbacV1().Roles(acc.GetNamespace()).Get(ctx, acc.GetName(), metav1.GetOptions{})
 	case *rbacv1.RoleBinding:
 		_, err = cs.RbacV1().RoleBindings(acc.GetNamespace()).Get(ctx, acc.GetName(), metav1.GetOptions{})
+	case *rbacv1.ClusterRole:
+		_, err = cs.RbacV1().ClusterRoles().Get(ctx, acc.GetName(), metav1.GetOptions{})
+	case *rbacv1.ClusterRoleBinding:
+		_, err = cs.RbacV1().ClusterRoleBindings().Get(ctx, acc.GetName(), metav1.GetOptions{})
 	case *appsv1.DaemonSet:
 		_, err = cs.AppsV1().DaemonSets(acc.GetNamespace()).Get(ctx, acc.GetName(), metav1.GetOptions{})
 	default:

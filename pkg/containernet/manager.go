@@ -44,6 +44,8 @@ type Request struct {
 	Owner       pool.Owner
 	Reservation string
 	Specs       []Spec
+	// Pod is passed to the pool (see pool.Request).
+	Pod *pool.PodRef
 }
 
 // Create creates req's container networks and returns them in the order of
@@ -124,7 +126,7 @@ func (m *Manager) Create(ctx context.Context, req Request) ([]ContainerNet, erro
 			return nil, fmt.Errorf("container network for %s: defining special subnet pool: %w", req.Owner, err)
 		}
 	}
-	alloc, err := m.a.Allocate(ctx, pool.Request{Owner: req.Owner, Reservation: req.Reservation, Wants: wants})
+	alloc, err := m.a.Allocate(ctx, pool.Request{Owner: req.Owner, Reservation: req.Reservation, Wants: wants, Pod: req.Pod})
 	if err != nil {
 		return nil, m.allocateError(req, err)
 	}

@@ -433,6 +433,9 @@ func (a *Allocator) plan(ctx context.Context, s *snapshot, req Request, useHint 
 	if req.shared && !s.exists {
 		p.alloc.Holders = []string{a.host}
 	}
+	if !s.exists && req.Pod != nil {
+		p.alloc.Pod, p.alloc.Since = req.Pod, a.now().Unix()
+	}
 	b, err := encodeAllocation(p.alloc)
 	if err != nil {
 		return plan{}, err

@@ -60,6 +60,10 @@ type hostRecord struct {
 	// Routes is the routes summary as agents before the status record
 	// wrote it (see hostStatus.Routes); read, never written here.
 	Routes *RoutesSummary `json:"rt,omitempty"`
+	// Kube marks a host that is a Kubernetes node of the same name (its
+	// agent ran with Kubernetes on: MarkKubeNode): only such a host is
+	// reclaimed when its Node object is deleted. Written once.
+	Kube bool `json:"k,omitempty"`
 }
 
 // hostStatus is what the store keeps about a host that changes on a timer
@@ -154,6 +158,9 @@ type HostInfo struct {
 	// (or the host acknowledged it since).
 	OrphanedAt time.Time
 	Reclaimed  int // owners released when it was orphaned
+	// KubeNode: the host is a Kubernetes node of the same name (its
+	// agent marked it: MarkKubeNode).
+	KubeNode bool
 	// Routes is what its agent last reported of the routes it holds;
 	// nil when it routes nothing (see RoutesSummary).
 	Routes *RoutesSummary
@@ -269,6 +276,33 @@ func (a *Allocator) Heartbeat(ctx context.Context, addr string, routes *RoutesSu
 		info.OrphanedAt = time.Unix(before.Orphaned, 0)
 	}
 	return info, nil
+}
+
+// MarkKubeNode records in this host's host record that the host is the
+// Kubernetes node of the same name (the agent does it once, when it runs
+// with Kubernetes on), so that the deletion of that Node reclaims it and a
+// host of a store shared with hosts outside Kubernetes is never reclaimed
+// for having no Node. The record is written only when the mark is
+// missing: the host record is watched by every routing agent.
+func (a *Allocator) MarkKubeNode(ctx context.Context) error {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	return a.run(ctx, func(int) error {
+		kvs, err := a.get(ctx, hostRecordKey(a.host))
+		if err != nil {
+			return err
+		}
+		rec, err := decodeRecord(kvs[0])
+		if err != nil || rec.Kube {
+			return err
+		}
+		rec.Kube = true
+		if rec.Seen == 0 {
+			rec.Seen = a.now().Unix()
+		}
+		b, _ := json.Marshal(rec)
+		return a.st.Commit(ctx, []store.Cond{store.Unchanged(kvs[0])}, []store.Op{store.Put(kvs[0].Key, b)})
+	})
 }
 
 // ReportRoutes records the host agent's routes summary in its status
@@ -403,6 +437,7 @@ func (a *Allocator) Hosts(ctx context.Context, orphanAfter time.Duration) ([]Hos
 		}
 		h := info(strings.TrimPrefix(kv.Key, prefixHostRecord))
 		h.Agent, h.Addr, h.Reclaimed, h.Routes = rec.Seen != 0 || rec.addr() != "", rec.addr(), rec.Reclaimed, rec.Routes
+		h.KubeNode = rec.Kube
 		routesAt[h.Name] = max(rec.Seen, rec.Checked)
 		seen(h, rec.Seen)
 		seen(h, rec.Checked)

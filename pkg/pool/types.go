@@ -148,6 +148,11 @@ type Request struct {
 	// the recorded one (ErrDefinitionMismatch), inside the allocation's own
 	// read and commit. It saves a caller the round trip of Define.
 	Defs []Def
+	// Pod is the Kubernetes pod the owner's sandbox belongs to (the CNI
+	// arguments K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_UID), recorded
+	// with a new allocation so that the host agent can tell an owner
+	// whose pod vanished without a DEL; nil: none.
+	Pod *PodRef
 	// shared: a new record lists this host as its first holder (Share).
 	shared bool
 }
@@ -170,6 +175,21 @@ type Allocation struct {
 	// and ranges hold them). Empty for every other owner, and for shared
 	// records written before Share existed: those are held by Host alone.
 	Holders []string `json:"holders,omitempty"`
+	// Pod is the Kubernetes pod of the owner (Request.Pod) and Since when
+	// the record was first written (Unix seconds): both absent from
+	// records written before they existed, and from owners that are no
+	// pod's. The host agent's collection of vanished pods touches only
+	// records that carry both.
+	Pod   *PodRef `json:"pod,omitempty"`
+	Since int64   `json:"since,omitempty"`
+}
+
+// PodRef names a Kubernetes pod: namespace, name and UID (empty when the
+// runtime sent none). The owner's ContainerID is its sandbox's ID.
+type PodRef struct {
+	Namespace string `json:"ns"`
+	Name      string `json:"name"`
+	UID       string `json:"uid,omitempty"`
 }
 
 // holders is every host holding a: Holders, or Host when it is empty.

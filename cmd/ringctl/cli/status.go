@@ -59,6 +59,9 @@ type HostStatus struct {
 	Ranges     int       `json:"ranges"` // live ranges, all pools
 	Used       uint64    `json:"used"`   // addresses its owners hold, all pools
 	Pools      []string  `json:"pools,omitempty"`
+	// KubeNode: the host is a Kubernetes node (its agent runs with
+	// Kubernetes on); the deletion of its Node object reclaims it.
+	KubeNode bool `json:"kubeNode,omitempty"`
 	// Routes is what its agent reported of the routes it holds
 	// (ringipamd --routes); nil when it reported none.
 	Routes *HostRoutes `json:"routes,omitempty"`
@@ -118,7 +121,7 @@ func (c *Ctl) Status(ctx context.Context, poolName string) (Status, error) {
 		s.Hosts = append(s.Hosts, HostStatus{
 			Name: h.Name, State: string(h.State), Agent: h.Agent, Addr: h.Addr,
 			LastSeen: h.LastSeen, OrphanedAt: h.OrphanedAt, Ranges: h.Ranges, Used: h.Used, Pools: h.Pools,
-			Routes: hostRoutes(h, planPools, hosts),
+			KubeNode: h.KubeNode, Routes: hostRoutes(h, planPools, hosts),
 		})
 	}
 	return s, nil

@@ -65,6 +65,7 @@ type options struct {
 	compactEvery time.Duration
 	seenEvery    time.Duration
 	apiWrap      func(net.Listener) net.Listener
+	kube         *kubeClients
 }
 
 // WithClock makes the agent (and its sweeps) judge time by now.
@@ -148,6 +149,10 @@ type Agent struct {
 	// routesView is the last pass of the routes loop; nil: routes off or
 	// not planned yet.
 	routesView *RoutesView
+	// kube are the apiserver's clients (kube.go); nil: Kubernetes off.
+	// kubeMarked: this host's record carries the Kubernetes node mark.
+	kube       *kubeClients
+	kubeMarked atomic.Bool
 	// routesSummary is what the heartbeat publishes of the routes (nil
 	// until the first pass of the routes loop).
 	routesSummary *pool.RoutesSummary
@@ -238,6 +243,13 @@ func New(cfg Config, log *slog.Logger, opts ...Option) (*Agent, error) {
 		}
 	} else {
 		a.rt = nil
+	}
+	a.kube = o.kube
+	if cfg.kube() && a.kube == nil {
+		if a.kube, err = newKubeClients(cfg.Kubeconfig); err != nil {
+			a.st.Close()
+			return nil, err
+		}
 	}
 	a.metrics = newMetrics(a.metricsView)
 	return a, nil
@@ -380,6 +392,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Ingress || a.pm != nil {
 		loop(a.ingressLoop)
 	}
+	if a.cfg.KubeVanishedPods {
+		loop(a.collectVanishedPods)
+	}
 	var srvErr error
 	if l != nil {
 		srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 10 * time.Second}
@@ -521,6 +536,13 @@ func (a *Agent) heartbeat(ctx context.Context) {
 	if err != nil {
 		a.storeError("heartbeat", err)
 		return
+	}
+	if a.cfg.KubeReclaimNodes && !a.kubeMarked.Load() {
+		if err := a.alloc.MarkKubeNode(ctx); err != nil {
+			a.storeError("kube-node-mark", err)
+		} else {
+			a.kubeMarked.Store(true)
+		}
 	}
 	if a.readopt.Swap(false) {
 		// Back under a lease: owners a reclaim cut short by this host's

@@ -31,6 +31,8 @@ const (
 	DefaultStatusRefresh = 10 * time.Second
 	DefaultTimeout       = 20 * time.Second
 	DefaultIngressTable  = "ringipam-ingress"
+	DefaultVanishedGrace = 5 * time.Minute
+	DefaultCRISocket     = "/run/containerd/containerd.sock"
 )
 
 // ErrConfig is wrapped by every configuration error.
@@ -101,7 +103,28 @@ type Config struct {
 	// Timeout bounds each store operation of the agent's loops.
 	Timeout  storeconfig.Duration `json:"timeout"`
 	LogLevel string               `json:"logLevel"`
+	// Kubernetes (kube.go). The host's name is its Node's name.
+	//
+	// Kubeconfig is the apiserver's client configuration file; empty:
+	// the pod's in-cluster configuration.
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// KubeReclaimNodes: this host is a Kubernetes node (its host record
+	// says so), and the elected leader reclaims the host of a deleted
+	// Node at once (fenced on its liveness key, as the sweep), and at its
+	// start the Kubernetes nodes' hosts that have no Node any more.
+	KubeReclaimNodes bool `json:"kubeReclaimNodes,omitempty"`
+	// KubeVanishedPods: the agent releases this host's CNI owners whose
+	// pod is gone from the apiserver and whose sandbox the runtime
+	// (CRISocket) no longer has, VanishedGrace after both the allocation
+	// and the pod's disappearance.
+	KubeVanishedPods bool                 `json:"kubeVanishedPods,omitempty"`
+	VanishedGrace    storeconfig.Duration `json:"vanishedGrace"`
+	// CRISocket is the container runtime's CRI socket (ListPodSandbox).
+	CRISocket string `json:"criSocket"`
 }
+
+// kube reports whether the agent talks to Kubernetes at all.
+func (c Config) kube() bool { return c.KubeReclaimNodes || c.KubeVanishedPods }
 
 // DefaultConfig is the configuration with nothing set.
 func DefaultConfig() Config {
@@ -122,6 +145,8 @@ func DefaultConfig() Config {
 		StatusRefresh:    storeconfig.Duration(DefaultStatusRefresh),
 		Timeout:          storeconfig.Duration(DefaultTimeout),
 		LogLevel:         "info",
+		VanishedGrace:    storeconfig.Duration(DefaultVanishedGrace),
+		CRISocket:        DefaultCRISocket,
 	}
 }
 
@@ -168,6 +193,12 @@ func LoadConfig(args []string, getenv func(string) string, usage io.Writer) (Con
 	var delQueue string
 	fs.StringVar(&delQueue, "del-queue", "", "etcd: directory of the DELs this host's plugins queued while no agent answered; the agent runs them when it starts and every sync interval (default /var/lib/ringipam/del-queue)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
+	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", cfg.Kubeconfig, "with --kube-reclaim-nodes or --kube-vanished-pods: the apiserver's client configuration (default: the pod's in-cluster configuration)")
+	fs.BoolVar(&cfg.KubeReclaimNodes, "kube-reclaim-nodes", cfg.KubeReclaimNodes, "this host is the Kubernetes node of its name: when a Node is deleted, the elected leader reclaims its host at once (once its liveness key is gone); "+
+		"at its start, also the hosts of Kubernetes nodes that have no Node any more (etcd only)")
+	fs.BoolVar(&cfg.KubeVanishedPods, "kube-vanished-pods", cfg.KubeVanishedPods, "release this host's pod addresses whose pod is gone from the apiserver and whose sandbox the runtime (--cri-socket) no longer has, after --vanished-grace")
+	fs.Var(storeconfig.DurationValue(&cfg.VanishedGrace), "vanished-grace", "with --kube-vanished-pods: how long after both its allocation and its pod's disappearance an address of a vanished pod is released")
+	fs.StringVar(&cfg.CRISocket, "cri-socket", cfg.CRISocket, "with --kube-vanished-pods: the container runtime's CRI socket, asked which pod sandboxes exist")
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
 		key := EnvPrefix + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
@@ -222,6 +253,9 @@ func (c *Config) complete() error {
 		if d <= 0 {
 			return fmt.Errorf("%w: %s must be positive", ErrConfig, name)
 		}
+	}
+	if c.KubeVanishedPods && (c.VanishedGrace <= 0 || c.CRISocket == "") {
+		return fmt.Errorf("%w: kube-vanished-pods needs a positive vanished-grace and a cri-socket", ErrConfig)
 	}
 	if time.Duration(c.LeaseTTL) < 2*time.Second {
 		return fmt.Errorf("%w: lease-ttl %s is below etcd's useful minimum of 2s", ErrConfig, time.Duration(c.LeaseTTL))

@@ -39,6 +39,18 @@
 //     conditioned on what it read and on the host's liveness key being
 //     absent, so two leaders for a moment release each owner once and
 //     touch nothing of a live host.
+//   - Kubernetes (kube.go, vanished.go; off unless asked): with
+//     KubeReclaimNodes the agent marks its host record a Kubernetes node
+//     (pool.Allocator.MarkKubeNode, once) and the leader follows Node
+//     objects (a metadata-only informer): a deleted Node's host, if marked,
+//     is reclaimed at once by the sweep's fenced reclaim once its liveness
+//     key is gone (a watch of that key while it exists); at the informer's
+//     sync, marked hosts without a Node too. With KubeVanishedPods every
+//     agent follows its own node's pods (field selector spec.nodeName) and
+//     releases, as a DEL, an owner whose recorded pod is gone and whose
+//     sandbox the runtime (CRI ListPodSandbox) does not list, VanishedGrace
+//     after both the allocation and the pod's disappearance; the decision
+//     is the pure function vanished.
 //   - What an idle host costs etcd: its lease's keep-alives (two: the
 //     liveness lease and the election session), one read per Heartbeat
 //     (two a minute at 30s), one unwatched write per SeenEvery, no watched

@@ -148,6 +148,9 @@ func (a *Agent) lead(ctx context.Context) {
 		})
 	}
 	run(func(ctx context.Context) { a.every(ctx, time.Duration(a.cfg.StatusRefresh), a.refreshFigures) })
+	if a.cfg.KubeReclaimNodes && a.cli != nil {
+		run(a.reclaimDeletedNodes)
+	}
 	wg.Wait()
 	a.figures.Store(nil)
 }

@@ -39,7 +39,13 @@ type metrics struct {
 	sweeps      prometheus.Counter
 	compactions prometheus.Counter
 	removed     prometheus.Counter
-	viewFn      func() metricsView
+	// nodeReclaims counts the hosts of deleted Nodes the leader
+	// reclaimed; vanished the owners of vanished pods released; criErrs
+	// the passes the runtime could not be asked (kube.go, vanished.go).
+	nodeReclaims prometheus.Counter
+	vanished     prometheus.Counter
+	criErrs      prometheus.Counter
+	viewFn       func() metricsView
 }
 
 // metricsView is what a scrape shows of the agent's state.
@@ -94,6 +100,12 @@ func newMetrics(view func() metricsView) *metrics {
 			Help: "Compactions of the address history this agent ran (as the leader)."}),
 		removed: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_removed_hosts_total",
 			Help: "Reclaimed hosts whose records this agent removed after the retention (as the leader)."}),
+		nodeReclaims: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_node_reclaims_total",
+			Help: "Hosts of deleted Kubernetes Nodes this agent reclaimed (as the leader, --kube-reclaim-nodes)."}),
+		vanished: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_vanished_pods_released_total",
+			Help: "Owners of this host whose pod vanished without a DEL (gone from the apiserver and the runtime) released (--kube-vanished-pods)."}),
+		criErrs: prometheus.NewCounter(prometheus.CounterOpts{Name: "ringipam_cri_errors_total",
+			Help: "Passes of the vanished-pods collection that could not ask the runtime for its sandboxes (nothing released)."}),
 		viewFn: view,
 	}
 	for _, reason := range []string{"peer", "too-large", "malformed", "version", "plugin"} {
@@ -104,6 +116,7 @@ func newMetrics(view func() metricsView) *metrics {
 	}
 	registerBuildInfo(m.registry)
 	m.registry.MustRegister(m.reclaims, m.released, m.ports, m.storeErrs, m.syncErrs, m.stalePortmap, m.calls, m.socketRefused, m.delQueue, m.routes, m.sweeps, m.compactions, m.removed, m,
+		m.nodeReclaims, m.vanished, m.criErrs,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -185,6 +185,7 @@ type cniArgs struct {
 	subnets               []string
 	reservation           string
 	podNamespace, podName string
+	podUID                string
 	ignoreUnknown         bool
 }
 
@@ -225,7 +226,9 @@ func parseCNIArgs(s string) (cniArgs, error) {
 			a.podNamespace = v
 		case "K8S_POD_NAME":
 			a.podName = v
-		case "K8S_POD_INFRA_CONTAINER_ID", "K8S_POD_UID":
+		case "K8S_POD_UID":
+			a.podUID = v
+		case "K8S_POD_INFRA_CONTAINER_ID":
 		case "IgnoreUnknown":
 			a.ignoreUnknown = v == "1" || strings.EqualFold(v, "true")
 		default:

@@ -107,6 +107,10 @@ type Config struct {
 	// (CNI_ARGS RESERVATION=, or K8S_POD_NAMESPACE/K8S_POD_NAME when
 	// reservationFromPod is set); empty for none.
 	Reservation string
+	// Pod is the Kubernetes pod of the invocation (CNI_ARGS
+	// K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_UID), recorded with a new
+	// allocation (pool.Request.Pod); nil when the runtime sent none.
+	Pod         *pool.PodRef
 	GatewayMode GatewayMode
 	// PerContainerPrefix is the prefix mode of per-container results.
 	PerContainerPrefix PrefixMode
@@ -342,6 +346,9 @@ func load(stdin []byte, cniArgs, hostname string) (*Config, error) {
 		c.Reservation = args.reservation
 	case args.podNamespace != "" && args.podName != "" && im.ReservationFromPod.reserves(n.RuntimeConfig.Annotations):
 		c.Reservation = args.podNamespace + "/" + args.podName
+	}
+	if args.podNamespace != "" && args.podName != "" {
+		c.Pod = &pool.PodRef{Namespace: args.podNamespace, Name: args.podName, UID: args.podUID}
 	}
 	if err := names.Reservation(c.Reservation); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadConfig, err)

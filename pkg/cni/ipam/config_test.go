@@ -109,6 +109,11 @@ func TestLoadCases(t *testing.T) {
 				if c.Reservation != "db/db-0" {
 					t.Errorf("reservation %q", c.Reservation)
 				}
+				// The pod, recorded with the allocation (the agent's
+				// collection of vanished pods).
+				if c.Pod == nil || *c.Pod != (pool.PodRef{Namespace: "db", Name: "db-0", UID: "1b2c"}) {
+					t.Errorf("pod %+v", c.Pod)
+				}
 			}},
 		{name: "containerd pod without ip annotation", ipam: `{"host":"h",` + r4 + `}`, args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=db;K8S_POD_NAME=db-0",
 			extra: `"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"other":"198.18.0.10"}},`,

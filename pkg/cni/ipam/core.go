@@ -86,7 +86,7 @@ func (p sharedPlan) add(ctx context.Context, a Allocator, c *Config, owner pool.
 	}
 	// The definitions ride along: recorded or verified in the
 	// allocation's own read and commit, no separate round trip.
-	alloc, err := a.Allocate(ctx, pool.Request{Owner: owner, Reservation: resv, Wants: w, Defs: c.Defs()})
+	alloc, err := a.Allocate(ctx, pool.Request{Owner: owner, Reservation: resv, Wants: w, Defs: c.Defs(), Pod: c.Pod})
 	if err != nil {
 		return nil, fmt.Errorf("allocating for %s: %w", owner, err)
 	}
@@ -157,7 +157,7 @@ func (p perContainerPlan) add(ctx context.Context, a Allocator, c *Config, owner
 	if err := a.Define(ctx, c.Defs()...); err != nil {
 		return nil, fmt.Errorf("recording pool definitions: %w", err)
 	}
-	nets, err := containernet.NewManager(a).Create(ctx, containernet.Request{Owner: owner, Reservation: resv, Specs: p.specs(c)})
+	nets, err := containernet.NewManager(a).Create(ctx, containernet.Request{Owner: owner, Reservation: resv, Specs: p.specs(c), Pod: c.Pod})
 	if err != nil {
 		return nil, fmt.Errorf("creating container network: %w", err)
 	}
