@@ -37,6 +37,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -246,6 +247,10 @@ func report(out io.Writer, rs []*result, notes map[string]string) {
 	}
 	for name, n := range notes {
 		fmt.Fprintf(out, "| %s | %s |\n", name, n)
+	}
+	fmt.Fprintf(out, "\nCPU during create + delete + create again (%d cores; the machine is shared, so other work took the rest):\n", runtime.NumCPU())
+	for _, r := range rs {
+		fmt.Fprintf(out, "  %-11s %-4s wall %s: %v\n", r.ipam, r.mode, secs(r.churnWall()), r.cpu)
 	}
 	ring := rows["ringipam"]
 	if ring != nil {

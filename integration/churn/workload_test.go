@@ -72,6 +72,7 @@ type result struct {
 	failed     [4]int             // calls that failed (each attempt)
 	lost       []string           // pods whose every attempt failed
 	findings   []string           // duplicates, store differences, leaks
+	cpu        cpuUse             // during create, delete, create again
 }
 
 // pod is one pod of one host in one generation.
@@ -198,13 +199,16 @@ func churn(t *testing.T, w *world, ip ipam, mode string, wl workload) *result {
 		if create && mode == modeCNI {
 			r.eachPod(gen, r.addNetns) // the sandbox's namespace, before (and not in) the timed round
 		}
-		start := time.Now()
+		start, cpu0 := time.Now(), sampleCPU()
 		if create {
 			r.eachPod(gen, r.add)
 		} else {
 			r.eachPod(gen, r.del)
 		}
 		r.res.wall[round] = time.Since(start)
+		if round < 3 {
+			r.res.cpu = r.res.cpu.add(sampleCPU().sub(cpu0))
+		}
 		if !create && mode == modeCNI {
 			r.eachPod(gen, r.delNetns)
 		}
