@@ -248,6 +248,11 @@ func report(out io.Writer, rs []*result, notes map[string]string) {
 	for name, n := range notes {
 		fmt.Fprintf(out, "| %s | %s |\n", name, n)
 	}
+	for _, r := range rs {
+		for _, e := range r.errs {
+			fmt.Fprintf(out, "failed call, %s %s: %s\n", r.ipam, r.mode, e)
+		}
+	}
 	fmt.Fprintf(out, "\nCPU during create + delete + create again (%d cores; the machine is shared, so other work took the rest):\n", runtime.NumCPU())
 	for _, r := range rs {
 		fmt.Fprintf(out, "  %-11s %-4s wall %s: %v\n", r.ipam, r.mode, secs(r.churnWall()), r.cpu)

@@ -70,6 +70,7 @@ type result struct {
 	lat        [4][]time.Duration // per round: each successful call's latency, as the runtime waited for it
 	ipamLat    [4][]time.Duration // per round (modeCNI): the IPAM plugin's own, from the timing shim
 	failed     [4]int             // calls that failed (each attempt)
+	errs       []string           // the first few failed calls' errors
 	lost       []string           // pods whose every attempt failed
 	findings   []string           // duplicates, store differences, leaks
 	cpu        cpuUse             // during create, delete, create again
@@ -288,12 +289,20 @@ func (r *runner) rt(p pod) *libcni.RuntimeConf {
 	return &libcni.RuntimeConf{ContainerID: p.id(r.run), NetNS: "/var/run/netns/" + p.netnsName(r.run), IfName: "eth0", Args: r.cniArgs(p)}
 }
 
+// callTimeout bounds each CNI call: kubelet's default
+// --runtime-request-timeout (2m), which is also whereabouts' own limit
+// on an ADD (a shorter bound would fail whereabouts calls that a kubelet
+// waits for).
+const callTimeout = 2 * time.Minute
+
 // call runs one verb for p on its host, as the runtime (modeCNI) or as the
 // main plugin (modeIPAM) would, and returns the ADD's first address.
 func (r *runner) call(verb string, p pod) (netip.Addr, error) {
 	h := r.w.hosts[p.host]
 	var res types.Result
-	err := cnitest.InNS(h.ns, func(ctx context.Context) error {
+	err := h.ns.Do(func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
 		var err error
 		switch {
 		case r.mode == modeCNI && verb == "ADD":
@@ -338,6 +347,9 @@ func (r *runner) note(round int, took time.Duration, err error) {
 	defer r.mu.Unlock()
 	if err != nil {
 		r.res.failed[round]++
+		if len(r.res.errs) < 5 {
+			r.res.errs = append(r.res.errs, fmt.Sprintf("%s after %v: %v", roundNames[round], took.Round(time.Millisecond), err))
+		}
 		return
 	}
 	r.res.lat[round] = append(r.res.lat[round], took)
