@@ -63,6 +63,7 @@ type host struct {
 func newWorld(t *testing.T, n int) *world {
 	t.Helper()
 	netns.RequireRoot(t)
+	lockRuns(t)
 	sweep(t)
 	dir, err := os.MkdirTemp("", mark+"-")
 	if err != nil {
@@ -105,6 +106,47 @@ func addrAdd(a netip.Addr, n int) netip.Addr {
 		a = a.Next()
 	}
 	return a
+}
+
+// lockPath is held (flock) by the run of this suite that owns the
+// machine's rchurn* state: a second run (make integration's short form
+// while make scale-churn runs) waits for it instead of sweeping away the
+// first one's namespaces and processes. The kernel drops the lock of a
+// killed run, so what the sweep then finds is stale.
+const lockPath = "/run/" + mark + ".lock"
+
+// lockWait bounds the wait for another run to end.
+const lockWait = 15 * time.Minute
+
+// lockRuns takes lockPath for the test (released when it ends), waiting
+// at most lockWait for another run of the suite.
+func lockRuns(t *testing.T) {
+	t.Helper()
+	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(lockWait)
+	for logged := false; ; {
+		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if err == nil {
+			break
+		}
+		if err != syscall.EWOULDBLOCK {
+			f.Close()
+			t.Fatalf("flock %s: %v", lockPath, err)
+		}
+		if time.Now().After(deadline) {
+			f.Close()
+			t.Fatalf("another run of this suite has held %s for %v", lockPath, lockWait)
+		}
+		if !logged {
+			t.Logf("waiting (at most %v) for another run of this suite to end (%s)", lockWait, lockPath)
+			logged = true
+		}
+		time.Sleep(time.Second)
+	}
+	t.Cleanup(func() { f.Close() })
 }
 
 // sweep removes what a run of this suite that was killed left behind: its
