@@ -14,7 +14,12 @@
 #                needs root and the Debian mirror, no registry; not in make test
 #   make scale   the scale harness (integration/scale, scripts/scale.sh): N
 #                simulated hosts on a real etcd, what each costs etcd;
-#                SCALE_SIZES, SCALE_IDLE, SCALE_BEFORE=<commit>; not in make test
+#                SCALE_SIZES, SCALE_IDLE, SCALE_BEFORE=<commit>; then make
+#                scale-churn (SCALE_CHURN_SIDE=0 leaves it out); not in make test
+#   make scale-churn  10 namespace hosts x 100 pods created, deleted and created
+#                again through libcni + bridge with ringipam, host-local and
+#                whereabouts side by side (integration/churn; its short form
+#                runs in make integration); not in make test
 #   make chaos   the fault suite at full size (integration/chaos: 10 000 calls
 #                under faults; its short form runs in make integration)
 #   make clean   remove bin/ (distclean also removes the .cache/ tools)
@@ -48,7 +53,7 @@ for d in plugins/*/ cmd/*/ docker-driver/; do \
 done
 endef
 
-.PHONY: scale tidy-check ci-nonroot-check all build deps image test unit model-check integration integration-k8s fmt-check vet lint bench fuzz chaos demo docker-plugin clean distclean
+.PHONY: scale scale-churn tidy-check ci-nonroot-check all build deps image test unit model-check integration integration-k8s fmt-check vet lint bench fuzz chaos demo docker-plugin clean distclean
 
 all: build
 
@@ -146,6 +151,11 @@ chaos: deps
 # The scale harness: docs/benchmarks.md, "Scale: what a host costs etcd".
 scale:
 	scripts/scale.sh
+
+# The churn side by side: docs/benchmarks.md, "Churn side by side". It
+# builds whereabouts and kube-apiserver itself (scripts/scale-churn.sh).
+scale-churn: deps
+	scripts/scale-churn.sh
 
 # The demo needs no Kubernetes: deps skips its build, and scripts/demo.sh
 # builds only the four binaries it runs.

@@ -18,6 +18,8 @@
 #   SCALE_BEFORE=082f606      also run the harness on this commit, first
 #   SCALE_ONLY_BEFORE=1       run the commit only
 #   SCALE_TIMEOUT=3h
+#   SCALE_CHURN_SIDE=0        leave out the churn side by side (scripts/scale-churn.sh,
+#                             make scale-churn), which runs last otherwise
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -58,5 +60,10 @@ elif [[ -f docs/scale-before.json ]]; then
 fi
 $GO run ./integration/scale/cmd/scalesvg "${args[@]}"
 echo "picture: docs/scale.svg"
+# Issue 42 item 4: the churn beside host-local and whereabouts, on real
+# namespace hosts through the CNI binaries (its own target too).
+if [[ ${SCALE_CHURN_SIDE:-1} != 0 ]]; then
+	scripts/scale-churn.sh || status=1
+fi
 # A failed phase or check fails make scale (the figures are still drawn).
 exit $status
