@@ -79,6 +79,9 @@ func PrintTable(w io.Writer, r Result) {
 		r.FillP50, r.FillP99, r.ChurnP50, r.ChurnP99, r.AddBytes, r.AddEtcdBytes)
 	fmt.Fprintf(w, "  heap %.0f KB and %.1f goroutines per host; db size %.1f MB; agents' warnings: %d\n",
 		r.HeapPerHost/1024, r.GoroutinesPerHost, dbSize(r)/1e6, r.Warnings)
+	for _, warning := range r.FirstWarnings {
+		fmt.Fprintf(w, "  agents' warning: %s\n", warning)
+	}
 	fmt.Fprintf(w, "  check: %s\n", r.Findings)
 }
 

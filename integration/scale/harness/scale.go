@@ -59,6 +59,7 @@ type Result struct {
 	GoroutinesPerHost float64  `json:"goroutinesPerHost"`
 	Findings          Findings `json:"findings"`
 	Warnings          int      `json:"agentWarnings"`
+	FirstWarnings     []string `json:"firstAgentWarnings,omitempty"`
 	Skipped           []string `json:"skipped,omitempty"`
 }
 
@@ -207,6 +208,11 @@ func Scale(c *Cluster, label string) (Result, error) {
 		if opt.StartConcurrency > 0 {
 			how = fmt.Sprintf("at most %d at a time", opt.StartConcurrency)
 			r.StartStaggered = opt.StartConcurrency
+		}
+		// The first errors now, not only in the JSON written at the end:
+		// a run stopped later still says why its first ADDs failed.
+		for _, e := range r.StartErrors {
+			c.Logf("start: first ADD failed: %s", e)
 		}
 		return fmt.Sprintf("%d first ADDs %s: %d failed, %d duplicates, last success after %.2fs",
 			n, how, r.StartFailed, r.StartDupes, r.StartLast), r.StartLast, nil
@@ -441,7 +447,7 @@ func Scale(c *Cluster, label string) (Result, error) {
 	defer cancel()
 	f, err := c.Check(cctx)
 	r.Findings = f
-	r.Warnings, _ = c.Warnings()
+	r.Warnings, r.FirstWarnings = c.Warnings()
 	if err != nil {
 		return r, err
 	}
