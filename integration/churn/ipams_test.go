@@ -4,11 +4,6 @@ package churn
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/pem"
 	"fmt"
 	"net"
 	"net/netip"
@@ -200,46 +195,8 @@ func (w *world) whereabouts(t *testing.T) ipam {
 	if err := os.MkdirAll(d, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	var tok [16]byte
-	rand.Read(tok[:])
-	token := fmt.Sprintf("%x", tok)
-	write := func(name, content string) {
-		if err := os.WriteFile(filepath.Join(d, name), []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("tokens.csv", token+",admin,admin,system:masters\n")
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("sa.key", string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})))
-	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})))
 	server := "https://" + net.JoinHostPort(apiserverIP.String(), "6443")
-	write("kubeconfig", fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: churn
-  cluster:
-    server: %s
-    insecure-skip-tls-verify: true
-users:
-- name: admin
-  user:
-    token: %s
-contexts:
-- name: churn
-  context: {cluster: churn, user: admin, namespace: kube-system}
-current-context: churn
-`, server, token))
+	token := testenv.WriteKubeCredentials(t, d, server, "kube-system")
 	api := w.startIn(w.cp, "kube-apiserver", kubeAPIServer,
 		"--etcd-servers="+kubeEtcd,
 		"--bind-address="+apiserverIP.String(), "--secure-port=6443", "--advertise-address="+apiserverIP.String(),
@@ -307,7 +264,10 @@ current-context: churn
 	// The flat file a whereabouts install writes on every node
 	// (whereabouts.d/whereabouts.conf): the plugin refuses to run without
 	// one. Its configuration_path points there.
-	write("whereabouts.conf", fmt.Sprintf(`{"datastore": "kubernetes", "kubernetes": {"kubeconfig": %q}, "log_level": "error"}`, kubeconfig))
+	conf := fmt.Sprintf(`{"datastore": "kubernetes", "kubernetes": {"kubeconfig": %q}, "log_level": "error"}`, kubeconfig)
+	if err := os.WriteFile(filepath.Join(d, "whereabouts.conf"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	return ipam{name: "whereabouts", plugin: "whereabouts", real: whereaboutsBin,
 		conf: func(int) map[string]any {
 			return map[string]any{"type": "whereabouts", "range": podSubnet, "range_start": "198.19.0.2", "gateway": "198.19.0.1",

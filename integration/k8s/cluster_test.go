@@ -5,11 +5,6 @@ package k8s
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/x509"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -190,45 +185,7 @@ func startCluster(t *testing.T) *cluster {
 // signing key and the kubeconfig every component uses.
 func (c *cluster) writeCredentials(t *testing.T) {
 	t.Helper()
-	var b [16]byte
-	rand.Read(b[:])
-	c.token = fmt.Sprintf("%x", b)
-	write := func(name, content string) {
-		if err := os.WriteFile(filepath.Join(c.dir, name), []byte(content), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("tokens.csv", c.token+",admin,admin,system:masters\n")
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	der, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("sa.key", string(pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})))
-	pub, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	write("sa.pub", string(pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub})))
-	write("kubeconfig", fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters:
-- name: test
-  cluster:
-    server: https://%s:%s
-    insecure-skip-tls-verify: true
-users:
-- name: admin
-  user:
-    token: %s
-contexts:
-- name: test
-  context: {cluster: test, user: admin}
-current-context: test
-`, nodeIP, apiPort, c.token))
+	c.token = testenv.WriteKubeCredentials(t, c.dir, "https://"+net.JoinHostPort(nodeIP, apiPort), "")
 }
 
 // restConfig is the test's client configuration: the admin token, the
