@@ -11,6 +11,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store"
+	"github.com/ringipam/ringipam/pkg/store/memory"
 )
 
 // The invariants check reports beside pkg/pool's (pool.Inv*) and pkg/
@@ -42,18 +43,33 @@ func cnetInvariant(inv string) string {
 // the pool's (pool.Allocator.Audit), the published ports'
 // (portalloc.Audit, with the hosts and the CNI attachments the pool knows
 // as their holders) and the container networks' (containernet.CheckStore).
-// It changes nothing.
+// It changes nothing. It reads the store once, at one revision
+// (memory.Snapshot), and checks that copy: on a live cluster an ADD
+// committed between two reads of a live store would otherwise look like an
+// address without an owner record.
 func (c *Ctl) Check(ctx context.Context) ([]pool.Violation, error) {
-	v, err := c.Pool.Audit(ctx)
+	snap, err := memory.Snapshot(ctx, c.Pool.Store())
 	if err != nil {
 		return nil, err
 	}
-	defs, allocs, err := c.Pool.Records(ctx)
+	var opts []pool.Option
+	if c.Now != nil {
+		opts = append(opts, pool.WithClock(c.Now))
+	}
+	p, err := pool.New(snap, c.Pool.Host(), opts...)
+	if err != nil {
+		return nil, err
+	}
+	v, err := p.Audit(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defs, allocs, err := p.Records(ctx)
 	if err != nil {
 		return nil, err
 	}
 	holders := portalloc.Holders{Hosts: map[string]bool{}, Attachments: map[portalloc.EndpointID]string{}}
-	hosts, err := c.Pool.Hosts(ctx, c.OrphanAfter)
+	hosts, err := p.Hosts(ctx, c.OrphanAfter)
 	switch {
 	case errors.Is(err, store.ErrUnavailable) || ctx.Err() != nil:
 		return nil, err
@@ -71,7 +87,7 @@ func (c *Ctl) Check(ctx context.Context) ([]pool.Violation, error) {
 			holders.Attachments[portalloc.EndpointID{Network: a.Owner.Network, ContainerID: a.Owner.ContainerID, IfName: a.Owner.IfName}] = a.Host
 		}
 	}
-	findings, err := portalloc.Audit(ctx, c.Pool.Store(), holders)
+	findings, err := portalloc.Audit(ctx, snap, holders)
 	if err != nil {
 		return nil, err
 	}

@@ -209,3 +209,49 @@ func mustPool(t *testing.T, st store.Store, host string) *pool.Allocator {
 	}
 	return a
 }
+
+// busyStore is a store on which another host's ADD commits before each of
+// the first reads: a live cluster, as ringctl check sees it.
+type busyStore struct {
+	store.Store
+	t     *testing.T
+	add   func(i int) error
+	reads int
+}
+
+func (b *busyStore) Scan(ctx context.Context, from, to string, limit int) ([]store.KV, error) {
+	b.reads++
+	if b.reads <= 40 {
+		if err := b.add(b.reads); err != nil {
+			b.t.Errorf("the concurrent ADD %d: %v", b.reads, err)
+		}
+	}
+	return b.Store.Scan(ctx, from, to, limit)
+}
+
+// TestCheckOfABusyStore: ADDs committed while check reads (each an owner
+// record and its address key in one commit) are no finding: check reads
+// the store at one revision. Reading each prefix of the live store in turn
+// reported the addresses added between the owner records' read and the
+// address keys' read as held by owners with no record.
+func TestCheckOfABusyStore(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	b := &busyStore{Store: w.ctl.Store, t: t, add: func(i int) error {
+		_, err := w.hosts["node-a"].Allocate(ctx, pool.Request{Owner: owner("node-a", 100+i), Wants: []pool.Want{{Pool: "net-0", Role: pool.RoleIP}}, Defs: w.defs[:1]})
+		return err
+	}}
+	admin, err := pool.New(b, "admin", pool.WithClock(w.clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctl := *w.ctl
+	ctl.Pool, ctl.Store = admin, b
+	v, err := ctl.Check(ctx)
+	if err != nil || len(v) != 0 {
+		t.Fatalf("check of a store that ADDs commit to while it reads: %v %v; want no finding", v, err)
+	}
+	if b.reads == 0 {
+		t.Fatal("check did not read the store")
+	}
+}

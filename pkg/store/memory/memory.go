@@ -162,3 +162,31 @@ func clone(b []byte) []byte {
 	}
 	return append([]byte(nil), b...)
 }
+
+// Snapshot reads every key of src in one Scan, which every backend answers
+// at one revision (etcd pins the first page's revision for the rest; the
+// local store reads in one transaction), and returns them as a new Store
+// keeping their revisions. Readers that look at many prefixes of a live
+// store (ringctl check) read the snapshot instead, so that a commit made
+// between two of their reads cannot look like a broken invariant. Commits
+// to the snapshot change only the snapshot.
+func Snapshot(ctx context.Context, src store.Store) (*Store, error) {
+	kvs, err := src.Scan(ctx, "", store.PrefixEnd(""), 0)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	s := New()
+	s.keys = make([]string, 0, len(kvs))
+	for _, kv := range kvs {
+		if !kv.Exists() {
+			continue
+		}
+		if _, dup := s.data[kv.Key]; !dup {
+			s.keys = append(s.keys, kv.Key)
+		}
+		s.data[kv.Key] = entry{value: clone(kv.Value), rev: kv.Revision}
+		s.rev = max(s.rev, kv.Revision)
+	}
+	sort.Strings(s.keys)
+	return s, nil
+}
