@@ -26,6 +26,16 @@ type router interface {
 }
 
 // withRouter replaces the netlink routing table (unit tests).
+// routesSettle is how long the routes loop waits after a change of its
+// copies before it plans, gathering the changes of a burst into one plan.
+const routesSettle = 200 * time.Millisecond
+
+// summaryEvery is the least time between two writes of this host's routes
+// summary into its status record (ringctl status reads it; nobody
+// watches it): a burst of ring changes, as when a cluster starts, costs
+// each host one write per summaryEvery, not one per change.
+const summaryEvery = 5 * time.Second
+
 func withRouter(r router) Option { return func(o *options) { o.router = r } }
 
 // RoutesView is what the status page shows of the routes this agent holds.
@@ -61,8 +71,11 @@ type routesState struct {
 	rings map[string]decodedRing
 	// published is the summary last written to the host record (At
 	// aside), so that a change is written at once, not at the next
-	// heartbeat.
-	published pool.RoutesSummary
+	// heartbeat; publishedAt is when, and pending says a changed summary
+	// waits for summaryEvery to pass since (flushed by the routes loop).
+	published   pool.RoutesSummary
+	publishedAt time.Time
+	pending     bool
 	// v6Noted are the IPv6 pools whose local side was logged.
 	v6Noted map[string]bool
 }
@@ -117,23 +130,53 @@ func (a *Agent) routesLoop(ctx context.Context) {
 	defer tick.Stop()
 	resync := time.NewTimer(jittered(a.resyncPeriod()))
 	defer resync.Stop()
+	// A change of a copy is planned routesSettle later, with every
+	// change that arrived meanwhile: when many hosts start or claim at
+	// once each agent plans once per burst, not once per event (each
+	// plan reads every range and host of its copies).
+	settle := time.NewTimer(time.Hour)
+	settle.Stop()
+	defer settle.Stop()
+	settling := false
+	changed := func() {
+		if !settling {
+			settling = true
+			settle.Reset(routesSettle)
+		}
+	}
+	flush := time.NewTimer(time.Hour)
+	flush.Stop()
+	defer flush.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-defsK:
+			changed()
+			continue
 		case <-ringsK:
+			changed()
+			continue
 		case <-hostsK:
+			changed()
+			continue
 		case <-liveK:
+			changed()
+			continue
+		case <-settle.C:
+			settling = false
+			a.syncRoutes(ctx, &s, false)
+		case <-flush.C:
+			a.flushSummary(ctx, &s)
 		case <-tick.C:
 			a.routesKernelTick(ctx, &s)
-			continue
 		case <-resync.C:
 			resync.Reset(jittered(a.resyncPeriod()))
 			a.syncRoutes(ctx, &s, true)
-			continue
 		}
-		a.syncRoutes(ctx, &s, false)
+		if s.pending {
+			flush.Reset(max(time.Until(s.publishedAt.Add(summaryEvery)), 0))
+		}
 	}
 }
 
@@ -316,16 +359,32 @@ func (a *Agent) publishRoutes(ctx context.Context, s *routesState, plan routes.R
 	a.mu.Lock()
 	a.routesSummary = &sum
 	a.mu.Unlock()
-	if !sameSummary(sum, s.published) {
-		octx, cancel := a.op(ctx)
-		err := a.alloc.ReportRoutes(octx, sum)
-		cancel()
-		if err != nil {
-			a.storeError("report-routes", err)
-			return // the heartbeat writes it
-		}
-		s.published = sum
+	s.pending = !sameSummary(sum, s.published)
+	if s.pending && time.Since(s.publishedAt) >= summaryEvery {
+		a.flushSummary(ctx, s)
 	}
+}
+
+// flushSummary writes the routes summary into the host's status record if
+// it changed since the last write. A failed write is tried again by the
+// next heartbeat, which writes the summary too.
+func (a *Agent) flushSummary(ctx context.Context, s *routesState) {
+	a.mu.Lock()
+	sum := a.routesSummary
+	a.mu.Unlock()
+	if sum == nil || sameSummary(*sum, s.published) {
+		s.pending = false
+		return
+	}
+	octx, cancel := a.op(ctx)
+	err := a.alloc.ReportRoutes(octx, *sum)
+	cancel()
+	s.pending, s.publishedAt = false, time.Now()
+	if err != nil {
+		a.storeError("report-routes", err)
+		return // the heartbeat writes it
+	}
+	s.published = *sum
 }
 
 // sameSummary compares two summaries but for their time.

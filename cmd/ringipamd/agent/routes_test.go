@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/routes"
+	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
 )
@@ -235,4 +237,133 @@ func TestRoutesConfig(t *testing.T) {
 			t.Errorf("%q accepted", bad)
 		}
 	}
+}
+
+// summaryCounter counts the commits that write key (a host's status
+// record).
+type summaryCounter struct {
+	store.Store
+	key    string
+	mu     sync.Mutex
+	writes []time.Time
+}
+
+func (c *summaryCounter) Commit(ctx context.Context, conds []store.Cond, ops []store.Op) error {
+	err := c.Store.Commit(ctx, conds, ops)
+	for _, o := range ops {
+		if o.Key == c.key && err == nil {
+			c.mu.Lock()
+			c.writes = append(c.writes, time.Now())
+			c.mu.Unlock()
+		}
+	}
+	return err
+}
+
+func (c *summaryCounter) count() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.writes)
+}
+
+// TestRoutesSummaryWritesAreSpaced: a burst of ring changes (another host
+// claiming range after range, as when a cluster starts) is routed change
+// by change, but the routes summary in this host's status record is
+// written at most once per 5 s (summaryEvery), the last state included:
+// with a write per change every agent of a starting cluster wrote once
+// for every other host's claim.
+func TestRoutesSummaryWritesAreSpaced(t *testing.T) {
+	st := &summaryCounter{Store: memory.New(), key: "s/host-a"}
+	alloc(t, st, "host-b", "p", "b-0")
+	b, _ := pool.New(st, "host-b")
+	if _, err := b.Heartbeat(context.Background(), "198.18.0.2", nil); err != nil {
+		t.Fatal(err)
+	}
+	rt := &fakeRouter{onLink: []netip.Prefix{netip.MustParsePrefix("198.18.0.9/24")}}
+	cfg := DefaultConfig()
+	cfg.Host, cfg.Addr = "host-a", "198.18.0.9"
+	cfg.SyncInterval, cfg.SweepInterval, cfg.StatusRefresh = 20*1e6, 20*1e6, 20*1e6
+	cfg.Heartbeat = storeconfig.Duration(time.Hour) // after its first beat, only the routes loop writes the summary
+	cfg.Ingress, cfg.PortmapTable, cfg.Listen = false, "off", "off"
+	cfg.Routes = true
+	a, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), withStore(st), withRouter(rt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	// routedB says whether every range host-b owns is routed to it.
+	routedB := func() bool {
+		ring, err := a.alloc.RingOf(ctx, "p")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := rt.routes()
+		for _, r := range ring.Ranges {
+			if r.Host != "host-b" {
+				continue
+			}
+			for _, x := range []netip.Addr{r.Start, r.End} {
+				if !slices.ContainsFunc(got, func(rr routes.Route) bool { return rr.Dst.Contains(x) && rr.Host == "host-b" }) {
+					return false
+				}
+			}
+		}
+		return len(got) > 0
+	}
+	summary := func() *pool.RoutesSummary {
+		hs, err := a.alloc.Hosts(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range hs {
+			if h.Name == "host-a" {
+				return h.Routes
+			}
+		}
+		return nil
+	}
+	waitFor(t, "routes to host-b", routedB)
+	waitFor(t, "the first summary", func() bool { s := summary(); return s != nil && s.Held > 0 })
+	// The heartbeat at start wrote the status record too: the writes
+	// looked at start with the last one before the burst.
+	before := len(st.count()) - 1
+	// host-b fills its space again and again, each fill claiming more;
+	// each claim is routed before the next: one routes change each.
+	start := time.Now()
+	claims := 0
+	ringBefore, _ := a.alloc.RingOf(ctx, "p")
+	for i := 0; claims < 3 && i < 400; i++ {
+		alloc(t, st, "host-b", "p", fmt.Sprintf("b-%d", i+1))
+		ring, _ := a.alloc.RingOf(ctx, "p")
+		if !slices.Equal(ring.Ranges, ringBefore.Ranges) {
+			claims++
+			ringBefore = ring
+			waitFor(t, "routes to host-b's new range", routedB)
+		}
+	}
+	if claims < 3 {
+		t.Fatalf("host-b claimed %d times, want 3", claims)
+	}
+	elapsed := time.Since(start)
+	// The last summary is written within summaryEvery, whatever the
+	// heartbeat (an hour away) does.
+	waitFor(t, "the summary of the last claim", func() bool {
+		s := summary()
+		return s != nil && s.Digest == routes.Digest(rt.routes()) && s.Held == len(rt.routes())
+	})
+	writes := st.count()[before:]
+	for i := 1; i < len(writes); i++ {
+		if gap := writes[i].Sub(writes[i-1]); gap < 5*time.Second {
+			t.Errorf("summary writes %d and %d %v apart, want at least 5s", i-1, i, gap)
+		}
+	}
+	t.Logf("%d claims routed over %v, then %d summary writes", claims, elapsed, len(writes)-1)
 }
