@@ -125,8 +125,10 @@ type Cache[T any] struct {
 	entries map[string]Entry[T]
 	rev     int64
 	synced  bool
-	subs    []chan struct{}
-	ready   chan struct{} // closed at the first Replace
+	// gen counts the changes readers see (Generation).
+	gen   uint64
+	subs  []chan struct{}
+	ready chan struct{} // closed at the first Replace
 
 	lists, watches, events, compacts atomic.Int64
 }
@@ -190,6 +192,16 @@ func (c *Cache[T]) Revision() int64 {
 	return c.rev
 }
 
+// Generation changes exactly when the copy changes for readers (an entry
+// added, removed, or replaced by one that is not the same), not with a
+// progress notification: a reader that derived something from a snapshot
+// may keep it while the generation stays.
+func (c *Cache[T]) Generation() uint64 {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.gen
+}
+
 // Stats returns the counters.
 func (c *Cache[T]) Stats() Stats {
 	return Stats{Lists: c.lists.Load(), Watches: c.watches.Load(), Events: c.events.Load(), Compacts: c.compacts.Load()}
@@ -239,6 +251,7 @@ func (c *Cache[T]) Replace(kvs []RawKV, rev int64) bool {
 		// Unchanged entries keep their old form: an Equal value does
 		// not count as new.
 		c.entries = next
+		c.gen++
 	}
 	c.rev = max(c.rev, rev)
 	first := !c.synced
@@ -275,6 +288,9 @@ func (c *Cache[T]) apply(evs []*clientv3.Event, rev int64) bool {
 		rev = max(rev, ev.Kv.ModRevision)
 	}
 	c.rev = max(c.rev, rev)
+	if changed {
+		c.gen++
+	}
 	c.mu.Unlock()
 	c.events.Add(int64(len(evs)))
 	if changed {

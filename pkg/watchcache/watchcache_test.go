@@ -74,3 +74,28 @@ func TestRunWithoutClient(t *testing.T) {
 		t.Fatal("Run without a client")
 	}
 }
+
+// Generation moves with every change readers see, and only then: not
+// with a revision that moved (a progress notification, an equal value).
+func TestGeneration(t *testing.T) {
+	c := intCache()
+	g0 := c.Generation()
+	c.Replace([]RawKV{{Key: "n/a", Value: []byte("11"), ModRevision: 3}}, 3)
+	g1 := c.Generation()
+	if g1 == g0 {
+		t.Fatal("the first listing did not move the generation")
+	}
+	c.Replace([]RawKV{{Key: "n/a", Value: []byte("12"), ModRevision: 5}}, 8) // 12 is 1 to readers
+	if c.Generation() != g1 || c.Revision() != 8 {
+		t.Fatalf("an equal value moved the generation (%d, was %d) or not the revision (%d)", c.Generation(), g1, c.Revision())
+	}
+	c.Replace([]RawKV{{Key: "n/a", Value: []byte("12")}, {Key: "n/b", Value: []byte("20"), ModRevision: 9}}, 9)
+	g2 := c.Generation()
+	if g2 == g1 {
+		t.Fatal("a new key did not move the generation")
+	}
+	c.Replace([]RawKV{{Key: "n/b", Value: []byte("20"), ModRevision: 9}}, 10)
+	if c.Generation() == g2 {
+		t.Fatal("a removed key did not move the generation")
+	}
+}

@@ -95,19 +95,21 @@ func withPortmap(dp portmap.Dataplane, locks hostlock.Dir) Option {
 
 // Agent is one host's agent. Make it with New, run it with Run.
 type Agent struct {
-	cfg     Config
-	log     *slog.Logger
-	now     func() time.Time
-	st      store.Store
-	cli     *clientv3.Client // nil on the local store
-	prefix  string
-	alloc   *pool.Allocator
-	ports   *portalloc.Allocator
-	fwd     forwarder
-	pm      portmap.Dataplane // portmap-ingress's table, reconciled; nil: off
-	locks   hostlock.Dir      // where portmap-ingress's attachments' locks live
-	metrics *metrics
-	httpL   net.Listener
+	// hostsMemo keeps recordedHosts between changes of its copies.
+	hostsMemo knownHostsMemo
+	cfg       Config
+	log       *slog.Logger
+	now       func() time.Time
+	st        store.Store
+	cli       *clientv3.Client // nil on the local store
+	prefix    string
+	alloc     *pool.Allocator
+	ports     *portalloc.Allocator
+	fwd       forwarder
+	pm        portmap.Dataplane // portmap-ingress's table, reconciled; nil: off
+	locks     hostlock.Dir      // where portmap-ingress's attachments' locks live
+	metrics   *metrics
+	httpL     net.Listener
 	// rt holds the routes to other hosts' ranges (--routes); nil: off.
 	rt         router
 	routeTable int

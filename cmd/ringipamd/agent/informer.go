@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/cni/portmap"
@@ -196,6 +197,42 @@ func jittered(d time.Duration) time.Duration { return d + rand.N(d/5+1) }
 // carries the orphaned mark, else down. A host whose last-seen time passed
 // orphanAfter counts as down until the sweeper marks it.
 func (a *Agent) knownHosts(extra []string) []pool.HostInfo {
+	base := a.recordedHosts()
+	out := slices.Clone(base)
+	for _, n := range extra {
+		if _, found := slices.BinarySearchFunc(base, n, func(h pool.HostInfo, n string) int { return strings.Compare(h.Name, n) }); !found {
+			out = append(out, pool.HostInfo{Name: n, State: pool.HostDown})
+		}
+	}
+	if len(out) > len(base) {
+		slices.SortFunc(out, func(x, y pool.HostInfo) int { return strings.Compare(x.Name, y.Name) })
+		out = slices.CompactFunc(out, func(x, y pool.HostInfo) bool { return x.Name == y.Name })
+	}
+	return out
+}
+
+// knownHostsMemo is the last recordedHosts answer and the generations of
+// the two copies it came from.
+type knownHostsMemo struct {
+	mu                sync.Mutex
+	ok                bool
+	hostsGen, liveGen uint64
+	hosts             []pool.HostInfo
+}
+
+// recordedHosts are the hosts of the host records and liveness keys,
+// sorted by name. It is computed again only when one of the two copies
+// changed: the routes and ingress loops plan on every ring change, which
+// leaves both alone (a cluster filling up changes its rings often, and a
+// host's list is what grows with the cluster).
+func (a *Agent) recordedHosts() []pool.HostInfo {
+	m := &a.hostsMemo
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	hg, lg := a.caches.hosts.Generation(), a.caches.live.Generation()
+	if m.ok && m.hostsGen == hg && m.liveGen == lg {
+		return m.hosts
+	}
 	recs, live := a.caches.hosts.Snapshot(), a.caches.live.Snapshot()
 	byName := map[string]*pool.HostInfo{}
 	info := func(name string) *pool.HostInfo {
@@ -222,13 +259,11 @@ func (a *Agent) knownHosts(extra []string) []pool.HostInfo {
 			info(name).State = pool.HostUp
 		}
 	}
-	for _, n := range extra {
-		info(n)
-	}
 	out := make([]pool.HostInfo, 0, len(byName))
 	for _, h := range byName {
 		out = append(out, *h)
 	}
 	slices.SortFunc(out, func(x, y pool.HostInfo) int { return strings.Compare(x.Name, y.Name) })
+	m.ok, m.hostsGen, m.liveGen, m.hosts = true, hg, lg, out
 	return out
 }

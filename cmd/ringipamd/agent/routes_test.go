@@ -17,6 +17,7 @@ import (
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
 	"github.com/ringipam/ringipam/pkg/storeconfig"
+	"github.com/ringipam/ringipam/pkg/watchcache"
 )
 
 // fakeRouter records what the agent installs.
@@ -366,4 +367,40 @@ func TestRoutesSummaryWritesAreSpaced(t *testing.T) {
 		}
 	}
 	t.Logf("%d claims routed over %v, then %d summary writes", claims, elapsed, len(writes)-1)
+}
+
+// knownHosts follows its copies: a host record added, an address changed,
+// a liveness key gone, a host seen only in a ring (extra); its answer is
+// kept only while neither copy changes (the routes loop plans on every
+// ring change).
+func TestKnownHostsFollowsItsCopies(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Host = "host-a"
+	a := &Agent{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), rt: &fakeRouter{}}
+	a.caches = a.newCaches()
+	rec := func(addr string) []byte { return []byte(`{"addr":"` + addr + `"}`) }
+	hosts := func(kvs ...watchcache.RawKV) { a.caches.hosts.Replace(kvs, 0) }
+	live := func(kvs ...watchcache.RawKV) { a.caches.live.Replace(kvs, 0) }
+	got := func(extra ...string) string {
+		var b strings.Builder
+		for _, h := range a.knownHosts(extra) {
+			fmt.Fprintf(&b, "%s:%s:%s ", h.Name, h.Addr, h.State)
+		}
+		return strings.TrimSpace(b.String())
+	}
+	check := func(want string, extra ...string) {
+		t.Helper()
+		if g := got(extra...); g != want {
+			t.Fatalf("knownHosts(%v) = %q, want %q", extra, g, want)
+		}
+	}
+	hosts(watchcache.RawKV{Key: pool.HostRecordKeyPrefix + "host-b", Value: rec("198.18.0.2")})
+	live(watchcache.RawKV{Key: pool.LivenessKey("host-b"), Value: []byte("{}")})
+	check("host-b:198.18.0.2:" + string(pool.HostUp))
+	check("host-b:198.18.0.2:"+string(pool.HostUp)+" host-c::"+string(pool.HostDown), "host-c", "host-b")
+	hosts(watchcache.RawKV{Key: pool.HostRecordKeyPrefix + "host-b", Value: rec("198.18.0.3")},
+		watchcache.RawKV{Key: pool.HostRecordKeyPrefix + "host-d", Value: rec("198.18.0.4")})
+	check("host-b:198.18.0.3:" + string(pool.HostUp) + " host-d:198.18.0.4:" + string(pool.HostDown))
+	live()
+	check("host-b:198.18.0.3:" + string(pool.HostDown) + " host-d:198.18.0.4:" + string(pool.HostDown))
 }
