@@ -66,6 +66,43 @@ func (f *fakeRouter) routes() []routes.Route {
 	return slices.Clone(f.last)
 }
 
+// newRoutesAgent is host-a's agent with --routes on st, through a fake
+// router, its loops every 20 ms but its heartbeat an hour away (it beats
+// once, at start).
+func newRoutesAgent(t *testing.T, st store.Store) (*Agent, *fakeRouter) {
+	t.Helper()
+	rt := &fakeRouter{onLink: []netip.Prefix{netip.MustParsePrefix("198.18.0.9/24")}}
+	cfg := DefaultConfig()
+	cfg.Host, cfg.Addr = "host-a", "198.18.0.9"
+	cfg.SyncInterval, cfg.SweepInterval, cfg.StatusRefresh = 20*1e6, 20*1e6, 20*1e6
+	cfg.Heartbeat = storeconfig.Duration(time.Hour)
+	cfg.Ingress, cfg.PortmapTable, cfg.Listen = false, "off", "off"
+	cfg.Routes = true
+	a, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), withStore(st), withRouter(rt))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, rt
+}
+
+// runAgent runs a until the returned stop (idempotent), which fails t if
+// Run returned an error.
+func runAgent(t *testing.T, a *Agent) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
 // TestAgentRoutes runs the agent with --routes on the memory store: it
 // routes host-b's ranges to host-b's address, refuses host-c's (no
 // address), follows host-b's claim of more space, shows the routes in its
@@ -79,33 +116,11 @@ func TestAgentRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	alloc(t, st, "host-c", "p", "c-1") // host-c has no agent: no address
-	rt := &fakeRouter{onLink: []netip.Prefix{netip.MustParsePrefix("198.18.0.9/24")}}
-	cfg := DefaultConfig()
-	cfg.Host, cfg.Addr = "host-a", "198.18.0.9"
-	cfg.SyncInterval, cfg.SweepInterval, cfg.StatusRefresh = 20*1e6, 20*1e6, 20*1e6
 	// The heartbeat an hour away: it runs once, at start, before any
 	// claim below; only the routes loop's write on change can put the
 	// summary of the claimed space into the host record.
-	cfg.Heartbeat = storeconfig.Duration(time.Hour)
-	cfg.Ingress, cfg.PortmapTable, cfg.Listen = false, "off", "off"
-	cfg.Routes = true
-	a, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), withStore(st), withRouter(rt))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	stopped := false
-	stop := func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			if err := <-done; err != nil {
-				t.Error(err)
-			}
-		}
-	}
+	a, rt := newRoutesAgent(t, st)
+	stop := runAgent(t, a)
 	defer stop()
 
 	// covers says whether the routes send every address host owns in
@@ -280,26 +295,9 @@ func TestRoutesSummaryWritesAreSpaced(t *testing.T) {
 	if _, err := b.Heartbeat(context.Background(), "198.18.0.2", nil); err != nil {
 		t.Fatal(err)
 	}
-	rt := &fakeRouter{onLink: []netip.Prefix{netip.MustParsePrefix("198.18.0.9/24")}}
-	cfg := DefaultConfig()
-	cfg.Host, cfg.Addr = "host-a", "198.18.0.9"
-	cfg.SyncInterval, cfg.SweepInterval, cfg.StatusRefresh = 20*1e6, 20*1e6, 20*1e6
-	cfg.Heartbeat = storeconfig.Duration(time.Hour) // after its first beat, only the routes loop writes the summary
-	cfg.Ingress, cfg.PortmapTable, cfg.Listen = false, "off", "off"
-	cfg.Routes = true
-	a, err := New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), withStore(st), withRouter(rt))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	a, rt := newRoutesAgent(t, st) // after its first beat, only the routes loop writes the summary
+	defer runAgent(t, a)()
+	ctx := context.Background()
 	// routedB says whether every range host-b owns is routed to it.
 	routedB := func() bool {
 		ring, err := a.alloc.RingOf(ctx, "p")
