@@ -57,13 +57,50 @@ func RangeKeyPool(key string) (string, bool) {
 // maps each to its value, in any order), with the pool's definition, as
 // RingOf returns it. No key: every range unowned.
 func DecodeRingKeys(pool string, def Def, keys map[string][]byte) (Ring, error) {
-	var rs []rangeKV
+	var rs []RangeKey
 	for k, v := range keys {
-		r, err := decodeRangeKV(store.KV{Key: k, Value: v, Revision: 1}, def.is4())
+		r, err := DecodeRangeKey(k, v)
 		if err != nil {
 			return Ring{}, fmt.Errorf("pool %s: %w", pool, err)
 		}
 		rs = append(rs, r)
+	}
+	return RingOfRangeKeys(pool, def, rs)
+}
+
+// RangeKey is one range key (RingKeyPrefix) as decoded by DecodeRangeKey,
+// for readers that keep the ring's keys decoded as they change (a watch's
+// copy) and make the ring of them with RingOfRangeKeys.
+type RangeKey struct {
+	r   rangeKV
+	is4 bool
+}
+
+// DecodeRangeKey decodes the range key key (g/<pool>/<hex last address>)
+// and its value, its family from the range's start.
+func DecodeRangeKey(key string, value []byte) (RangeKey, error) {
+	var rec rangeRec
+	if err := json.Unmarshal(value, &rec); err != nil {
+		return RangeKey{}, fmt.Errorf("%s: corrupt range: %w", key, err)
+	}
+	is4 := rec.Start.Is4()
+	r, err := decodeRangeKV(store.KV{Key: key, Value: value, Revision: 1}, is4)
+	if err != nil {
+		return RangeKey{}, err
+	}
+	return RangeKey{r: r, is4: is4}, nil
+}
+
+// RingOfRangeKeys is pool's ring made of its decoded range keys (in any
+// order), with the pool's definition, as RingOf returns it.
+func RingOfRangeKeys(pool string, def Def, keys []RangeKey) (Ring, error) {
+	is4 := def.is4()
+	rs := make([]rangeKV, 0, len(keys))
+	for _, k := range keys {
+		if k.is4 != is4 {
+			return Ring{}, fmt.Errorf("pool %s: %s: a range of the other address family", pool, k.r.key)
+		}
+		rs = append(rs, k.r)
 	}
 	slices.SortFunc(rs, func(x, y rangeKV) int { return x.hi.cmp(y.hi) })
 	r, err := ringOfRanges(def, rs)

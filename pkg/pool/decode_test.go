@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/ringipam/ringipam/pkg/pool"
@@ -70,6 +71,22 @@ func TestDecodersAgreeWithTheReads(t *testing.T) {
 	got, err := pool.DecodeRingKeys("p", d, keys)
 	if err != nil || !reflect.DeepEqual(got, ring) {
 		t.Fatalf("DecodeRingKeys %+v, %v; RingOf %+v", got, err, ring)
+	}
+	for k, v := range keys {
+		// A range key decoded alone is refused with the other family's
+		// definition, and a corrupt value is an error naming the key.
+		rk, err := pool.DecodeRangeKey(k, v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v6 := pool.Def{Name: "p", Ranges: []pool.Range{{Subnet: netip.MustParsePrefix("2001:db8::/64")}}}
+		if _, err := pool.RingOfRangeKeys("p", v6, []pool.RangeKey{rk}); err == nil {
+			t.Error("an IPv4 range key made an IPv6 pool's ring")
+		}
+		if _, err := pool.DecodeRangeKey(k, []byte("{")); err == nil || !strings.Contains(err.Error(), k) {
+			t.Errorf("a corrupt range key: %v", err)
+		}
+		break
 	}
 	if empty, err := pool.DecodeRingKeys("p", d, nil); err != nil || len(empty.Ranges) == 0 || empty.Ranges[0].Host != "" {
 		t.Fatalf("no ring yet: %+v, %v", empty, err)

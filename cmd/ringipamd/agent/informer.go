@@ -45,7 +45,7 @@ type ingressHolder struct {
 // agent needs.
 type caches struct {
 	defs  *watchcache.Cache[pool.Def]
-	rings *watchcache.Cache[[]byte]
+	rings *watchcache.Cache[pool.RangeKey]
 	hosts *watchcache.Cache[hostView]
 	live  *watchcache.Cache[struct{}]
 	ports *watchcache.Cache[*ingressHolder] // nil value: a key naming no address
@@ -64,8 +64,15 @@ func (a *Agent) newCaches() *caches {
 	if routes {
 		c.defs = watchcache.New(watchcache.Config[pool.Def]{Client: a.cli, Trim: a.prefix, Prefix: pool.DefKeyPrefix,
 			Decode: pool.ParseDef, Timeout: time.Duration(a.cfg.Timeout), Log: logf})
-		c.rings = watchcache.New(watchcache.Config[[]byte]{Client: a.cli, Trim: a.prefix, Prefix: pool.RingKeyPrefix,
-			Decode: func(_ string, v []byte) ([]byte, error) { return v, nil }, Timeout: time.Duration(a.cfg.Timeout), Log: logf})
+		// Range keys are decoded once, as they arrive (a layout-3
+		// ring's marker is no range: left alone).
+		c.rings = watchcache.New(watchcache.Config[pool.RangeKey]{Client: a.cli, Trim: a.prefix, Prefix: pool.RingKeyPrefix,
+			Decode: func(k string, v []byte) (pool.RangeKey, error) {
+				if _, ok := pool.RangeKeyPool(k); !ok {
+					return pool.RangeKey{}, nil
+				}
+				return pool.DecodeRangeKey(k, v)
+			}, Timeout: time.Duration(a.cfg.Timeout), Log: logf})
 	}
 	if routes || ingress {
 		c.hosts = watchcache.New(watchcache.Config[hostView]{Client: a.cli, Trim: a.prefix, Prefix: pool.HostRecordKeyPrefix,

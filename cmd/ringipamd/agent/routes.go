@@ -90,23 +90,25 @@ type decodedRing struct {
 	ring            pool.Ring
 }
 
-// ringKeysOf groups the cached range keys (RingKeyPrefix) by pool, with
-// the newest revision among each pool's; the layout-3 ring keys' markers
-// are no pool's.
-func ringKeysOf(entries map[string]watchcache.Entry[[]byte]) (map[string]map[string][]byte, map[string]int64) {
-	keys, newest := map[string]map[string][]byte{}, map[string]int64{}
+// ringKeysOf groups the cached range keys (RingKeyPrefix, decoded as they
+// arrived) by pool, with the newest revision among each pool's; the
+// layout-3 ring keys' markers are no pool's. A key that did not decode is
+// its pool's error.
+func ringKeysOf(entries map[string]watchcache.Entry[pool.RangeKey]) (map[string][]pool.RangeKey, map[string]int64, map[string]error) {
+	keys, newest, bad := map[string][]pool.RangeKey{}, map[string]int64{}, map[string]error{}
 	for k, e := range entries {
 		p, ok := pool.RangeKeyPool(k)
 		if !ok {
 			continue
 		}
-		if keys[p] == nil {
-			keys[p] = map[string][]byte{}
+		if e.Err != nil {
+			bad[p] = e.Err
+			continue
 		}
-		keys[p][k] = e.Value
+		keys[p] = append(keys[p], e.Value)
 		newest[p] = max(newest[p], e.ModRevision)
 	}
-	return keys, newest
+	return keys, newest, bad
 }
 
 // routesLoop keeps the routing table equal to the plan made of the copies
@@ -202,7 +204,8 @@ func (a *Agent) planRoutes(s *routesState) (routes.Result, []netip.Prefix, []net
 	var names []string
 	var subnets []netip.Prefix
 	keep := map[string]decodedRing{}
-	ringKeys, ringRevs := ringKeysOf(rings.Entries)
+	ringKeys, ringRevs, ringErrs := ringKeysOf(rings.Entries)
+	named := map[string]bool{}
 	for _, k := range slices.Sorted(maps.Keys(defs.Entries)) {
 		e := defs.Entries[k]
 		if e.Err != nil {
@@ -212,8 +215,12 @@ func (a *Agent) planRoutes(s *routesState) (routes.Result, []netip.Prefix, []net
 		d := e.Value
 		keys, rev := ringKeys[d.Name], ringRevs[d.Name]
 		dr, ok := s.rings[d.Name]
+		if err := ringErrs[d.Name]; err != nil {
+			a.storeError("ring", fmt.Errorf("pool %s: %w", d.Name, err))
+			return routes.Result{}, nil, nil, false
+		}
 		if !ok || dr.defRev != e.ModRevision || dr.ringRev != rev || dr.ringKeys != len(keys) {
-			ring, err := pool.DecodeRingKeys(d.Name, d, keys)
+			ring, err := pool.RingOfRangeKeys(d.Name, d, keys)
 			if err != nil {
 				a.storeError("ring", err)
 				return routes.Result{}, nil, nil, false
@@ -222,7 +229,8 @@ func (a *Agent) planRoutes(s *routesState) (routes.Result, []netip.Prefix, []net
 		}
 		keep[d.Name] = dr
 		for _, r := range dr.ring.Ranges {
-			if r.Host != "" && r.Host != a.cfg.Host && !slices.Contains(names, r.Host) {
+			if r.Host != "" && r.Host != a.cfg.Host && !named[r.Host] {
+				named[r.Host] = true
 				names = append(names, r.Host)
 			}
 		}
