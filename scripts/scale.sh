@@ -14,6 +14,7 @@
 #   SCALE_ORPHAN_AFTER=20s    the agents' orphanAfter (the orphan phase)
 #   SCALE_MEMBERS=3           etcd members (default 3 from N=1000 or with SCALE_CHAOS, else 1)
 #   SCALE_CHAOS=1             the chaos phase (etcd leader killed, an agent cut off)
+#   SCALE_LEASE_TTL=60s       the agents' --lease-ttl (default the shipped 15s)
 #   SCALE_START=4             first ADDs at most 4 at a time (default: all at once)
 #   SCALE_BEFORE=082f606      also run the harness on this commit, first
 #   SCALE_ONLY_BEFORE=1       run the commit only

@@ -3,6 +3,8 @@
 package scale_test
 
 import (
+	"github.com/ringipam/ringipam/cmd/ringipamd/agent"
+	"github.com/ringipam/ringipam/pkg/storeconfig"
 	"os"
 	"strconv"
 	"strings"
@@ -59,6 +61,11 @@ func TestScale(t *testing.T) {
 			}
 			if opt.Chaos {
 				opt.Members = 3 // the chaos phase kills the leader of three
+			}
+			if os.Getenv("SCALE_LEASE_TTL") != "" {
+				// The agents' --lease-ttl (default: the shipped 15s).
+				ttl := envDuration(t, "SCALE_LEASE_TTL", agent.DefaultLeaseTTL)
+				opt.Agent = func(cfg *agent.Config) { cfg.LeaseTTL = storeconfig.Duration(ttl) }
 			}
 			if m := os.Getenv("SCALE_MEMBERS"); m != "" {
 				opt.Members, _ = strconv.Atoi(m)
