@@ -29,6 +29,9 @@ type hostState struct {
 	// state (an older ringipam's rewrite drops both).
 	Ranges []ownRange `json:"g,omitempty"`
 	Layout int        `json:"v,omitempty"`
+	// Free says whether the free-space index key f/<pool>/<host> exists
+	// (freeindex.go): freeUnknown when an older ringipam wrote the state.
+	Free int `json:"f,omitempty"`
 }
 
 // maxRun caps the free run remembered in the host state.
@@ -427,8 +430,7 @@ func (a *Allocator) plan(ctx context.Context, s *snapshot, req Request, useHint 
 		conds, ops := t.tx.finish()
 		p.require(conds...)
 		p.write(ops...)
-		b := encodeHostState(t.host)
-		p.write(store.Put(hostKey(t.name, a.host), b))
+		p.write(putHostState(t.name, a.host, &t.host)...)
 	}
 	if req.shared && !s.exists {
 		p.alloc.Holders = []string{a.host}

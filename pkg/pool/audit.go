@@ -50,6 +50,17 @@ const (
 	// lists exactly the owner records that name that host, which its GC
 	// and its reclaim read instead of every owner.
 	InvHostIndex = "host-index"
+	// InvFreeIndex: the free-space indexes (freeindex.go) agree with what
+	// they summarise: f/<pool>/<host> exists exactly while the host's
+	// state says so, and the state says so exactly while it has a free
+	// address; t/<pool>/<last> exists exactly while that range key is
+	// tombstoned. A disagreement costs claims reads (a stale entry) or
+	// sends them to their last resort (a missing one), never safety:
+	// every candidate is read again and conditioned on. A state or a
+	// tombstone written by a ringipam before the indexes is not listed
+	// until the state is written again (a state) or is reported here (a
+	// tombstone: found by the last resort only).
+	InvFreeIndex = "free-index"
 	// InvCorrupt: every record can be read.
 	InvCorrupt = "corrupt"
 )
@@ -125,6 +136,13 @@ func (a *Allocator) Audit(ctx context.Context) ([]Violation, error) {
 		}
 		for _, f := range faults {
 			bad(InvOutsideRange, name, "%s", f)
+		}
+		idxFaults, err := a.indexFaults(ctx, name, defs[name], hostKVs)
+		if err != nil {
+			return nil, err
+		}
+		for _, f := range idxFaults {
+			bad(InvFreeIndex, name, "%s", f)
 		}
 		if err := r.check(); err != nil {
 			bad(InvRingCover, name, "the ring does not cover the pool exactly once: %v", err)

@@ -25,17 +25,20 @@ const maxRandomBlocks = 8
 //     ones (blockAddr: hosts that start together claim different blocks,
 //     as with Calico's random block search), each found with one
 //     single-key read;
-//     failing that, the first gap the pool's ranges leave (a full read of
-//     the range keys, once the random blocks missed), cut to its aligned
-//     block (claimGap says why that is safe);
-//  2. a tombstoned range that holds no address any more, whole; else the
-//     largest free hole of the tombstoned ranges;
-//  3. a range of the live host with the most free addresses that holds no
-//     address, whole; else the upper half of its largest free hole (only
-//     free addresses change hands). Finding the donor reads every host's
-//     state of the pool: only a fully claimed pool gets there.
+//     failing that, the first gap after a pseudo-random position, read
+//     by at most two pages of range keys (claimNearGap), cut to its
+//     aligned block (claimGap says why that is safe);
+//  2. a tombstoned range the tombstone index names that holds no address
+//     any more, whole; else the largest free hole of those ranges;
+//  3. a range of a live host the free-space index names (at most
+//     maxIndexedDonors of them, the one with the most free addresses
+//     first) that holds no address, whole; else the upper half of its
+//     largest free hole (only free addresses change hands);
+//  4. the last resort (claimLastResort): cases 1 to 3 over every range
+//     key and every host state of the pool. Only a claim the indexes
+//     could not serve gets there: a full pool always does.
 //
-// In case 3 the donor is alive and may commit an allocation in the space
+// In cases 3 and 4 the donor is alive and may commit an allocation in the space
 // given between this read and the claim's commit; the claim rewrites the
 // donor's state (its ranges), conditioned on its revision, which any such
 // allocation changes, and it also requires that no address key exists in
@@ -51,7 +54,6 @@ const maxRandomBlocks = 8
 func (a *Allocator) planClaim(ctx context.Context, t *poolTxn) error {
 	pool, def, tx := t.name, t.def, t.ringTxn(a)
 	segs := dynamicSegmentsOf(def)
-	is4 := def.is4()
 	a.stats.claims.Add(1)
 	if len(segs) == 0 {
 		return &CapacityError{Pool: pool, Capacity: "0"}
@@ -84,6 +86,36 @@ func (a *Allocator) planClaim(ctx context.Context, t *poolTxn) error {
 			return tx.claimGap(ctx, c, b, succ, ok, a.host)
 		}
 	}
+	// 1b. The first gap near a pseudo-random position, by a bounded
+	// paged read of the range keys (not all of them).
+	if done, err := a.claimNearGap(ctx, tx, segs, blockAddr(segs, a.host, pool, -1-claimNo)); done || err != nil {
+		return err
+	}
+	// 2. Tombstoned space the tombstone index names.
+	if done, err := a.claimIndexedTomb(ctx, tx, segs, blockAddr(segs, a.host, pool, -2-claimNo)); done || err != nil {
+		return err
+	}
+	// 3. A donor the free-space index names.
+	asked := map[string]bool{}
+	if done, err := a.donateIndexed(ctx, tx, segs, asked); done || err != nil {
+		return err
+	}
+	// The last resort, when the indexes offered nothing (a full pool,
+	// or free space only hosts or tombstones the indexes do not list):
+	// every range key and every host state of the pool, as before the
+	// indexes.
+	return a.claimLastResort(ctx, tx, segs, asked)
+}
+
+// claimLastResort is planClaim's search of the whole pool: the first gap
+// of the ring, then its tombstoned ranges, then every live host as a
+// donor (those in skip excepted: they were tried). It reads every range
+// key and every host state of the pool; only a claim that the indexes
+// could not serve gets here, and a full pool always does before it
+// answers a *CapacityError.
+func (a *Allocator) claimLastResort(ctx context.Context, tx *ringTxn, segs []span, skip map[string]bool) error {
+	pool, is4 := tx.pool, tx.is4
+	a.stats.lastResort.Add(1)
 	rs, err := a.scanRanges(ctx, pool, is4)
 	if err != nil {
 		return err
@@ -173,7 +205,7 @@ func (a *Allocator) planClaim(ctx context.Context, t *poolTxn) error {
 			d.state, d.kv = *he.st, he.kv
 		}
 		used += d.state.Used
-		if d.host == a.host {
+		if d.host == a.host || skip[d.host] {
 			continue
 		}
 		d.spans = clipAll(d.state.spans(), segs)
@@ -190,30 +222,9 @@ func (a *Allocator) planClaim(ctx context.Context, t *poolTxn) error {
 		return strings.Compare(x.host, y.host)
 	})
 	for _, d := range donors {
-		// A range of the donor that holds no address at all changes owner
-		// whole (seed 002's first case).
-		give, ok, err := a.emptyRange(ctx, pool, is4, d.state.spans(), segs)
-		if err != nil {
+		if done, err := a.tryDonor(ctx, tx, segs, d.host, d.kv, d.state); done || err != nil {
 			return err
 		}
-		if !ok {
-			hole, found, err := a.largestHole(ctx, pool, is4, d.spans, d.state.Cursor)
-			if err != nil {
-				return err
-			}
-			if !found {
-				continue
-			}
-			give = hole
-			if n := hole.size(); n.cmp(u128{lo: 1}) > 0 {
-				give.lo = hole.lo.add(n.half())
-			}
-		}
-		tx.seed(d.host, d.kv, d.state, true)
-		if !a.broken.noRangeCond {
-			tx.conds = append(tx.conds, noAddrIn(pool, is4, give))
-		}
-		return a.takeFrom(ctx, tx, give, give.lo)
 	}
 	return &CapacityError{Pool: pool, Used: used, Capacity: capacityOf(segs).String()}
 }

@@ -8,7 +8,8 @@
 // tombstoned (its host left), and the space between them is unowned. Each
 // range is one key (ranges.go), and each host's state lists its own
 // ranges, so an allocation reads no range key and hosts never contend on
-// the same keys. A host with no free address claims unowned space first
+// the same keys. A claim reads a bounded number of keys (see "Finding
+// free space" below). A host with no free address claims unowned space first
 // (an aligned block of at most 64 addresses, at a position that differs
 // from host to host, so that hosts starting together claim different
 // blocks), then tombstoned space, then takes half of the largest free
@@ -44,6 +45,8 @@
 //	g/<pool>/<hex last>      one range of the ring: {start, host, tombstone}; none for unowned space
 //	g/<pool>                 layout 3's whole ring; since layout 4 a marker layout-3 code cannot read
 //	h/<pool>/<host>          host state in the pool: round-robin cursor, addresses used, its live ranges
+//	f/<pool>/<host>          empty: the host has a free address to give (free-space index, a hint)
+//	t/<pool>/<hex last>      empty: that range is tombstoned (tombstone index, a hint)
 //	a/<pool>/<hex address>   "<host> <owner>", or a reservation's hold: the address is taken (uniqueness key)
 //	o/<kind>/<net>/<ctr>/<if> the owner's allocation
 //	i/<host>/<owner>         empty: the host's index of its owners, written with the record
@@ -89,4 +92,36 @@
 // more than the read it replaced: the failed commit answers the store's
 // state, and the allocation goes on from it. Notes change round trips,
 // never decisions.
+//
+// # Finding free space
+//
+// A claim (claim.go) tries, each step bounded whatever the number of
+// hosts: the pool's first block and 8 pseudo-random blocks (one
+// single-key read each); the first gap after a pseudo-random position,
+// by at most two pages of 32 range keys, wrapping around (claimGap's
+// conditions make any gap read safe to claim); at most 8 tombstoned
+// ranges the tombstone index names; at most 8 donors the free-space index
+// names, from this host's name on (their states in one read). Only when
+// all of these offered nothing does it read every range key and every
+// host state of the pool (claimLastResort, Stats.LastResort): a full pool
+// always gets there before it answers a *CapacityError, and so does free
+// space that the indexes do not list.
+//
+// Both indexes (freeindex.go) are hints rather than a new layout, on
+// purpose: every candidate they name is read again and the claim's
+// commit conditions on what it read (a donor's state revision and no
+// address in the space given; the range key of a tombstone), exactly as
+// when the candidate came from a full scan, so a stale entry costs a
+// read and a missing one a last resort, never safety. A layout-4 store
+// written before them therefore needs no migration step, and layout-4
+// code that does not know them may run beside this code: its writes drop
+// a host state's index mark (hostState.Free back to freeUnknown), which
+// the next write of the state by this code repairs. The threshold of the free-space
+// index is one free address (capacity of the host's ranges above its
+// used count), so only commits that use a host's last free address or
+// free one in a full host (allocations, releases, claims, donations,
+// tombstones, readoption, the reclaim's tombstoning and a gone host's
+// removal) write or delete its entry; every write of a host state goes
+// through putHostState. Audit reports entries that disagree with what
+// they summarise (InvFreeIndex).
 package pool

@@ -442,6 +442,7 @@ func (a *Allocator) migrateRing(ctx context.Context, pool string, def Def) error
 	is4 := def.is4()
 	want := map[string][]byte{}
 	own := map[string][]span{}
+	tombs := map[string]bool{}
 	for i, t := range r.tokens {
 		if t.Host == "" {
 			continue
@@ -450,6 +451,8 @@ func (a *Allocator) migrateRing(ctx context.Context, pool string, def Def) error
 		want[rangeKey(pool, sp.hi, is4)] = rangeKV{span: sp, host: t.Host, tomb: t.Tomb}.encode(is4)
 		if !t.Tomb {
 			own[t.Host] = append(own[t.Host], sp)
+		} else {
+			tombs[tombKeyOf(rangeKey(pool, sp.hi, is4))] = true
 		}
 	}
 	have, err := a.st.Scan(ctx, rangePrefix(pool), store.PrefixEnd(rangePrefix(pool)), 0)
@@ -464,13 +467,19 @@ func (a *Allocator) migrateRing(ctx context.Context, pool string, def Def) error
 	var conds []store.Cond
 	for _, kv := range have {
 		if v, ok := want[kv.Key]; !ok {
-			ops = append(ops, store.Delete(kv.Key))
+			ops = append(ops, store.Delete(kv.Key), store.Delete(tombKeyOf(kv.Key)))
 		} else if string(v) == string(kv.Value) {
 			delete(want, kv.Key)
 		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(want)) {
 		ops = append(ops, store.Put(k, want[k]))
+	}
+	// The tombstone index (freeindex.go), written again on every run:
+	// idempotent, and a run that stopped half-way may have written the
+	// range key but not its entry.
+	for _, k := range slices.Sorted(maps.Keys(tombs)) {
+		ops = append(ops, store.Put(k, []byte{}))
 	}
 	seen := map[string]bool{}
 	for _, kv := range states {
@@ -482,17 +491,18 @@ func (a *Allocator) migrateRing(ctx context.Context, pool string, def Def) error
 		}
 		hs.setSpans(own[host], is4)
 		hs.Layout = stateLayout
+		idx := freeIndexOps(pool, host, &hs)
 		if b := encodeHostState(hs); string(b) != string(kv.Value) {
 			ops = append(ops, store.Put(kv.Key, b))
+			ops = append(ops, idx...)
 			conds = append(conds, store.Unchanged(kv))
 		}
 	}
 	for _, host := range slices.Sorted(maps.Keys(own)) {
 		if !seen[host] { // a host that owns ranges but never wrote its state
-			var hs hostState
+			hs := hostState{Layout: stateLayout}
 			hs.setSpans(own[host], is4)
-			hs.Layout = stateLayout
-			ops = append(ops, store.Put(hostKey(pool, host), encodeHostState(hs)))
+			ops = append(ops, putHostState(pool, host, &hs)...)
 			conds = append(conds, store.Cond{Key: hostKey(pool, host)})
 		}
 	}

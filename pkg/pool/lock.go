@@ -60,6 +60,7 @@ type Stats struct {
 	conflicts   atomic.Int64
 	commits     atomic.Int64
 	claims      atomic.Int64
+	lastResort  atomic.Int64
 	unavailable atomic.Int64
 	onNotes     atomic.Int64
 	notesWrong  atomic.Int64
@@ -70,6 +71,10 @@ type StatsSnapshot struct {
 	Conflicts int64 // commits refused because state changed since it was read
 	Commits   int64 // commits that succeeded
 	Claims    int64 // ring changes this allocator planned to get space
+	// LastResort counts claims that the free-space indexes could not
+	// serve and that read every range key and host state of their pool
+	// (a full pool, or free space the indexes do not list).
+	LastResort int64
 	// Unavailable counts store calls that failed as unreachable or timed
 	// out and were retried within the caller's deadline.
 	Unavailable int64
@@ -82,5 +87,5 @@ type StatsSnapshot struct {
 func (s *Stats) conflict() { s.conflicts.Add(1) }
 
 func (s *Stats) snapshot() StatsSnapshot {
-	return StatsSnapshot{Conflicts: s.conflicts.Load(), Commits: s.commits.Load(), Claims: s.claims.Load(), Unavailable: s.unavailable.Load(), OnNotes: s.onNotes.Load(), NotesWrong: s.notesWrong.Load()}
+	return StatsSnapshot{Conflicts: s.conflicts.Load(), Commits: s.commits.Load(), Claims: s.claims.Load(), LastResort: s.lastResort.Load(), Unavailable: s.unavailable.Load(), OnNotes: s.onNotes.Load(), NotesWrong: s.notesWrong.Load()}
 }

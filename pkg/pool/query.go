@@ -297,3 +297,38 @@ func (a *Allocator) HolderOf(ctx context.Context, pool string, addr netip.Addr) 
 	}
 	return a.lookup(ctx, owner)
 }
+
+// HasRoom reports whether this host can allocate need addresses in pool
+// (its STATUS): true at once when its own ranges hold need free
+// addresses, read from its own host state and the definition alone (one
+// round trip, whatever the number of hosts); otherwise Usage decides, as
+// a claim would find the space elsewhere (it reads every host state of
+// the pool: only a host whose own ranges are full pays it). u is Usage's
+// answer then, and only this host's figures otherwise.
+func (a *Allocator) HasRoom(ctx context.Context, pool string, need uint64) (ok bool, u Usage, err error) {
+	ctx, cancel := a.ctx(ctx)
+	defer cancel()
+	kvs, err := a.get(ctx, defKey(pool), hostKey(pool, a.host))
+	if err != nil {
+		return false, Usage{}, err
+	}
+	def, err := decodeDef(pool, kvs[0])
+	if err != nil {
+		return false, Usage{}, err
+	}
+	if kvs[1].Exists() {
+		var hs hostState
+		if err := decodeHostState(kvs[1].Value, &hs); err != nil {
+			return false, Usage{}, fmt.Errorf("%s: corrupt host state: %w", kvs[1].Key, err)
+		}
+		capa := capacityOf(clipAll(hs.spans(), dynamicSegmentsOf(def)))
+		if capa.cmp(u128{lo: hs.Used}) > 0 && capa.sub(u128{lo: hs.Used}).cmp(u128{lo: need}) >= 0 {
+			return true, Usage{Pool: pool, Used: hs.Used, Capacity: capacityOf(segmentsOf(def)).String(), Free: true}, nil
+		}
+	}
+	u, err = a.Usage(ctx, pool)
+	if err != nil {
+		return false, Usage{}, err
+	}
+	return u.Available >= need, u, nil
+}

@@ -450,6 +450,12 @@ func (tx *ringTxn) claimGap(ctx context.Context, c, b span, succ rangeKV, hasSuc
 	return nil
 }
 
+// wasTomb reports whether the range key kv, as read, was tombstoned.
+func wasTomb(kv store.KV, is4 bool) bool {
+	r, err := decodeRangeKV(kv, is4)
+	return err == nil && r.tomb
+}
+
 // empty reports whether tx changes nothing.
 func (tx *ringTxn) empty() bool { return tx == nil || len(tx.order) == 0 && len(tx.conds) == 0 }
 
@@ -465,7 +471,15 @@ func (tx *ringTxn) finish() ([]store.Cond, []store.Op) {
 	var ops []store.Op
 	noRing := tx.a.broken.noRingCond
 	for _, k := range tx.order {
-		ops = append(ops, store.Put(k, tx.edits[k].encode(tx.is4)))
+		e := tx.edits[k]
+		ops = append(ops, store.Put(k, e.encode(tx.is4)))
+		// The tombstone index (freeindex.go) follows the range key in
+		// the same commit: an entry while it is tombstoned.
+		if e.tomb {
+			ops = append(ops, store.Put(tombKeyOf(k), []byte{}))
+		} else if was, ok := tx.read[k]; ok && wasTomb(was, tx.is4) {
+			ops = append(ops, store.Delete(tombKeyOf(k)))
+		}
 		if _, ok := tx.read[k]; !ok && !noRing {
 			conds = append(conds, store.Cond{Key: k})
 		} else if ok && !noRing {
@@ -489,7 +503,7 @@ func (tx *ringTxn) finish() ([]store.Cond, []store.Op) {
 		if !(he.donor && tx.a.broken.noRangeCond) {
 			conds = append(conds, store.Unchanged(he.kv))
 		}
-		ops = append(ops, store.Put(hostKey(tx.pool, h), encodeHostState(*he.st)))
+		ops = append(ops, putHostState(tx.pool, h, he.st)...)
 	}
 	return conds, ops
 }

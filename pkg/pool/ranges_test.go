@@ -28,7 +28,7 @@ func putRing(t testing.TB, st store.Store, def Def, r ring, used map[string]uint
 	}
 	var ops []store.Op
 	flush := func(force bool) {
-		if len(ops) >= store.MaxOps || force && len(ops) > 0 {
+		if len(ops) >= store.MaxOps-2 || force && len(ops) > 0 {
 			if err := st.Commit(ctx, nil, ops); err != nil {
 				t.Fatal(err)
 			}
@@ -36,7 +36,7 @@ func putRing(t testing.TB, st store.Store, def Def, r ring, used map[string]uint
 		}
 	}
 	for _, kv := range old {
-		ops = append(ops, store.Delete(kv.Key))
+		ops = append(ops, store.Delete(kv.Key), store.Delete(tombKeyOf(kv.Key)))
 		flush(false)
 	}
 	own := map[string][]span{}
@@ -46,6 +46,9 @@ func putRing(t testing.TB, st store.Store, def Def, r ring, used map[string]uint
 		}
 		s := r.spanOf(i)
 		ops = append(ops, store.Put(rangeKey(def.Name, s.hi, is4), rangeKV{span: s, host: tok.Host, tomb: tok.Tomb}.encode(is4)))
+		if tok.Tomb {
+			ops = append(ops, store.Put(tombKeyOf(rangeKey(def.Name, s.hi, is4)), []byte{}))
+		}
 		flush(false)
 		if !tok.Tomb {
 			own[tok.Host] = append(own[tok.Host], s)
@@ -77,7 +80,8 @@ func putRing(t testing.TB, st store.Store, def Def, r ring, used map[string]uint
 		}
 		hs.setSpans(own[h], is4)
 		hs.Layout = stateLayout
-		ops = append(ops, store.Put(hostKey(def.Name, h), encodeHostState(hs)))
+		hs.Free = freeUnknown // the index key is set as it should be
+		ops = append(ops, putHostState(def.Name, h, &hs)...)
 		flush(false)
 	}
 	flush(true)

@@ -128,8 +128,8 @@ func (a *Allocator) Readopt(ctx context.Context) ([]string, error) {
 				t.host.Used = used
 				conds, ops := tx.finish()
 				conds = append(conds, store.Unchanged(live[0]), store.Unchanged(hostKV))
+				ops = append(ops, putHostState(p, a.host, &t.host)...)
 				wrote := encodeHostState(t.host)
-				ops = append(ops, store.Put(hostKey(p, a.host), wrote))
 				if err := a.st.Commit(ctx, conds, ops); err != nil {
 					return err
 				}

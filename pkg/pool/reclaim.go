@@ -331,9 +331,9 @@ func (a *Allocator) tombstoneBatch(ctx context.Context, pool, host string, guard
 	conds = append(append(conds, store.Unchanged(kvs[1])), guard...)
 	done = len(t.host.Ranges) == 0
 	if done {
-		ops = append(ops, store.Delete(hostKey(pool, host)))
+		ops = append(ops, deleteHostState(pool, host)...)
 	} else {
-		ops = append(ops, store.Put(hostKey(pool, host), encodeHostState(t.host)))
+		ops = append(ops, putHostState(pool, host, &t.host)...)
 	}
 	if err := a.st.Commit(ctx, conds, ops); err != nil {
 		return false, nil, err

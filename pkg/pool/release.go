@@ -409,7 +409,8 @@ func (a *Allocator) releaseCommit(owners []ownerRead, known map[string]store.KV,
 		if !a.broken.noHostCond {
 			conds = append(conds, store.Cond{Key: hk, Revision: kv.Revision})
 		}
-		ops = append(ops, store.Put(hk, encodeHostState(hs)))
+		pool, host := parseHostKey(hk)
+		ops = append(ops, putHostState(pool, host, &hs)...)
 	}
 	return conds, ops, ownPools, nil
 }

@@ -19,14 +19,25 @@ type byteCounter struct {
 	mu             sync.Mutex
 	sent, received int
 	trips          int
+	keys           int // keys answered by reads
 }
 
 func (c *byteCounter) take() (sent, received, trips int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	sent, received, trips = c.sent, c.received, c.trips
-	c.sent, c.received, c.trips = 0, 0, 0
+	c.sent, c.received, c.trips, c.keys = 0, 0, 0, 0
 	return sent, received, trips
+}
+
+// keysRead returns the keys answered since the last take, and starts
+// counting again.
+func (c *byteCounter) keysRead() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	k := c.keys
+	c.sent, c.received, c.trips, c.keys = 0, 0, 0, 0
+	return k
 }
 
 func (c *byteCounter) count(conds []store.Cond, same []store.KV, ops []store.Op, keys []string, answered []store.KV) {
@@ -48,6 +59,7 @@ func (c *byteCounter) count(conds []store.Cond, same []store.KV, ops []store.Op,
 	for _, kv := range answered {
 		c.received += len(kv.Key) + len(kv.Value)
 	}
+	c.keys += len(answered)
 }
 
 func (c *byteCounter) Get(ctx context.Context, keys ...string) ([]store.KV, error) {
@@ -358,5 +370,78 @@ func TestNoKeyGrowsWithHosts(t *testing.T) {
 	}
 	if bad, err := hosts[0].Check(ctx, "p"); err != nil || len(bad) != 0 {
 		t.Fatalf("check: %d violations (%v), first %v", len(bad), err, bad[:min(3, len(bad))])
+	}
+}
+
+// donationKeys measures the keys a new host's first ADD reads in a /16
+// pool whose whole space n hosts share (spreadRing: no unowned space, each
+// host with free addresses): its claim misses the random blocks and the
+// bounded gap search, and takes space from a donor the free-space index
+// names.
+func donationKeys(t *testing.T, n int) int {
+	t.Helper()
+	ctx := context.Background()
+	st := &byteCounter{Store: memory.New()}
+	def := v4Def("p", "198.18.0.0/16")
+	h0, _ := New(st, "host0000")
+	if _, err := h0.Allocate(ctx, Request{Owner: own("h0"), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+		t.Fatal(err)
+	}
+	spreadRing(t, st, def, n)
+	joiner, _ := New(st, "joiner")
+	st.keysRead()
+	got, err := joiner.Allocate(ctx, Request{Owner: own("j"), Wants: ipWant("p"), Defs: []Def{def}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := st.keysRead()
+	if s := joiner.Stats(); s.Claims != 1 || s.LastResort != 0 {
+		t.Fatalf("the joiner made %d claims, %d of them by the last resort; want 1 and 0", s.Claims, s.LastResort)
+	}
+	if len(got.Addrs) != 1 {
+		t.Fatalf("the joiner got %v", got.Addrs)
+	}
+	return keys
+}
+
+// A claim in a pool with no unowned space left, served by a donation,
+// reads as many keys with 5 000 hosts as with 100 (issue 42, item 2:
+// "finding free space reads at most what a claim needs"). Before the
+// free-space indexes it read every range key and every host state.
+func TestDonationReadsDoNotGrowWithHosts(t *testing.T) {
+	small, large := donationKeys(t, 100), donationKeys(t, 5000)
+	t.Logf("a donation's claim reads %d keys at 100 hosts, %d at 5000", small, large)
+	if float64(large) > 1.2*float64(small) {
+		t.Fatalf("a donation reads %d keys at 5000 hosts, %d at 100: it grows with the hosts", large, small)
+	}
+}
+
+// statusKeys is what STATUS's pool check (HasRoom) reads on host0000,
+// which has free addresses in its own ranges, with n hosts in the pool.
+func statusKeys(t *testing.T, n int) int {
+	t.Helper()
+	ctx := context.Background()
+	st := &byteCounter{Store: memory.New()}
+	def := v4Def("p", "198.18.0.0/16")
+	h0, _ := New(st, "host0000")
+	if _, err := h0.Allocate(ctx, Request{Owner: own("h0"), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+		t.Fatal(err)
+	}
+	spreadRing(t, st, def, n)
+	st.keysRead()
+	ok, _, err := h0.HasRoom(ctx, "p", 2)
+	if err != nil || !ok {
+		t.Fatalf("HasRoom: %v %v", ok, err)
+	}
+	return st.keysRead()
+}
+
+// STATUS of a host with room in its own ranges reads the same keys with
+// 1 000 hosts as with 10: its own state and the definition.
+func TestStatusReadsDoNotGrowWithHosts(t *testing.T) {
+	small, large := statusKeys(t, 10), statusKeys(t, 1000)
+	t.Logf("STATUS reads %d keys at 10 hosts, %d at 1000", small, large)
+	if large != small {
+		t.Fatalf("STATUS reads %d keys at 1000 hosts, %d at 10", large, small)
 	}
 }

@@ -260,10 +260,13 @@ func (a *Allocator) forgetHost(ctx context.Context, host string, pools []string)
 	}
 	conds := []store.Cond{store.Unchanged(kvs[0])}
 	var ops []store.Op
-	for _, kv := range kvs[1:] {
+	for i, kv := range kvs[1:] {
 		conds = append(conds, store.Unchanged(kv))
 		if kv.Exists() {
 			ops = append(ops, store.Delete(kv.Key))
+			if i >= 2 { // a state in pools[i-2], and its free-space index key
+				ops = append(ops, store.Delete(freeKey(pools[i-2], host)))
+			}
 		}
 	}
 	if len(ops) == 0 {

@@ -404,17 +404,29 @@ func Status(ctx context.Context, a Allocator, c *Config) error {
 			errs = append(errs, err)
 			continue
 		}
-		u, err := a.Usage(ctx, rs.Def.Name)
-		if err != nil {
-			return fmt.Errorf("reading usage of pool %s: %w", rs.Def.Name, err)
-		}
 		// What one ADD takes from the pool in this network's mode: the
 		// address, and in per-container mode its own gateway too.
 		need := uint64(1)
 		if c.GatewayMode == GatewayPerContainer {
 			need = 2
 		}
-		if u.Available < need {
+		// A host whose own ranges have room answers from its own state
+		// (pool.Allocator.HasRoom: one read whatever the number of
+		// hosts); the pool's usage decides otherwise.
+		var u pool.Usage
+		room := false
+		if r, ok := a.(interface {
+			HasRoom(context.Context, string, uint64) (bool, pool.Usage, error)
+		}); ok {
+			room, u, err = r.HasRoom(ctx, rs.Def.Name, need)
+		} else {
+			u, err = a.Usage(ctx, rs.Def.Name)
+			room = u.Available >= need
+		}
+		if err != nil {
+			return fmt.Errorf("reading usage of pool %s: %w", rs.Def.Name, err)
+		}
+		if !room {
 			errs = append(errs, fmt.Errorf("%w (a %s ADD needs %d)", &pool.CapacityError{Pool: rs.Def.Name, Used: u.Used, Capacity: u.Capacity}, c.GatewayMode, need))
 		}
 	}
