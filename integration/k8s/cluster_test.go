@@ -32,9 +32,9 @@ import (
 	"github.com/ringipam/ringipam/internal/testenv"
 )
 
-// The node's addresses: the node end of its link (the node's InternalIP,
-// where the apiserver listens and hostPorts are published) and the peer
-// end (a client namespace standing for the rest of the network).
+// Node A's addresses on the LAN (its InternalIP, where the apiserver
+// listens and hostPorts are published) and the peer's (a client namespace
+// standing for the rest of the network, the nodes' default gateway).
 const (
 	nodeIP   = "198.18.255.2"
 	peerIP   = "198.18.255.1"
@@ -67,7 +67,7 @@ func requireK8s(t *testing.T) {
 			missing = append(missing, filepath.Join(k8sDir, b)+" (scripts/build-k8s.sh, run by make deps)")
 		}
 	}
-	for _, tool := range []string{"containerd", "ctr", "containerd-shim-runc-v2", "runc", "unshare", "nsenter", "mount", "umount", "mmdebstrap", "umoci"} {
+	for _, tool := range []string{"containerd", "ctr", "containerd-shim-runc-v2", "runc", "unshare", "nsenter", "mount", "umount", "mmdebstrap", "umoci", "ping", "conntrack"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			missing = append(missing, tool+" (Debian package, scripts/install-deps.sh)")
 		}
@@ -83,50 +83,78 @@ func requireK8s(t *testing.T) {
 
 var k8sBinaries = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"}
 
-// cluster is a one-node Kubernetes cluster of real components at one
-// version: kube-apiserver (on the suite's etcd), kube-controller-manager,
-// kube-scheduler, and kubelet on a private containerd 1.6.
+// cluster is a Kubernetes cluster of real components at one version:
+// kube-apiserver (on the suite's etcd), kube-controller-manager,
+// kube-scheduler, and on each node kubelet on a private containerd 1.6.
 //
-// Everything runs in the node's network namespace (node), linked to a peer
-// namespace (peer) that stands for the rest of the network: the machine's
+// Each node runs in a network namespace of its own (node), a port of a
+// LAN in a peer namespace (peer) that stands for the rest of the network
+// too; the control plane runs in node A's. The machine's
 // own network, nftables and sysctls are untouched, and the test's ports
 // cannot collide with anything else on the machine. kubelet and containerd
 // share a mount namespace of their own in which the node's well-known
 // directories (/opt/cni/bin, /etc/cni/net.d, /run/ringipam,
-// /var/lib/ringipam, /var/lib/cni, /var/log, containerd's shim sockets) are
+// /var/lib/ringipam, /var/lib/cni, /var/log, /run/containerd) are
 // the suite's temporary directories: what the manifest's hostPath volumes
 // write lands there, and the test reads it back (hostDir). Pods' cgroups
 // live under a cgroup root of the suite's own, removed at the end.
+//
+// The cluster is node A (kubeNode, embedded: c.dir, c.node, c.procs are
+// node A's; its dir is the cluster's, where the control plane's files
+// are too), on which the control plane runs, and the nodes addNode joins
+// to it (the flat-network scenario's B and C). The peer namespace holds
+// the LAN: a bridge every node's eth0 is a port of, the peer's address on
+// it.
 type cluster struct {
-	dir        string // short: socket paths
-	node, peer *netns.NS
+	*kubeNode
+	peer       *netns.NS
 	etcd       *testenv.Etcd
 	etcdTLS    testenv.TLSFiles
-	etcdInNode string // the etcd endpoint as seen from the node ("https://127.0.0.1:port")
+	etcdInNode string // the etcd endpoint as seen from every node ("https://127.0.0.1:port")
 	token      string
+	cs         *kubernetes.Clientset
+}
+
+// kubeNode is one node: its network namespace (a port of the LAN), its
+// mount namespace's holder, its containerd and kubelet, its directories
+// and cgroup root.
+type kubeNode struct {
+	name       string // the Node's name (kubelet's --hostname-override)
+	ip         string // its address on the LAN, its InternalIP
+	dir        string // short: socket paths
+	node       *netns.NS
 	cgroupRoot string // kubelet's cgroupRoot ("/rik8s-...")
 
 	holder *proc // the mount namespace's holder (sleep)
 	procs  map[string]*proc
-	cs     *kubernetes.Clientset
 	// args are the node's components' arguments (restartProc).
 	args map[string][]string
 }
 
 // hostDir is where path of the node's file system (one of the directories
 // the node's mount namespace redirects) is in the test's.
-func (c *cluster) hostDir(path string) string {
-	for _, m := range nodeMounts {
-		if path == m.target || strings.HasPrefix(path, m.target+"/") {
-			return filepath.Join(c.dir, m.src, strings.TrimPrefix(path, m.target))
+func (c *kubeNode) hostDir(path string) string {
+	best := -1
+	for i, m := range nodeMounts {
+		if (path == m.target || strings.HasPrefix(path, m.target+"/")) && (best < 0 || len(m.target) > len(nodeMounts[best].target)) {
+			best = i
 		}
 	}
-	panic("hostDir: " + path + " is the machine's, not the node's")
+	if best < 0 {
+		panic("hostDir: " + path + " is the machine's, not the node's")
+	}
+	m := nodeMounts[best]
+	return filepath.Join(c.dir, m.src, strings.TrimPrefix(path, m.target))
 }
 
 // nodeMounts are the node's private directories: src under the cluster's
-// dir is bind-mounted onto target in the node's mount namespace.
+// dir is bind-mounted onto target in the node's mount namespace, in this
+// order.
 var nodeMounts = []struct{ src, target string }{
+	// The directory of the node's containerd's socket, at the path the
+	// manifest mounts into the agent's pod (the same on every node), and
+	// where containerd 1.6 keeps its runc state and shim sockets.
+	{"cri", "/run/containerd"},
 	{"shim", "/run/containerd/s"}, // containerd 1.6's shim sockets (fixed path)
 	{"cnicache", "/var/lib/cni"},
 	{"opt-cni-bin", "/opt/cni/bin"},
@@ -143,29 +171,20 @@ var nodeMounts = []struct{ src, target string }{
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	requireK8s(t)
-	c := &cluster{procs: map[string]*proc{}, args: map[string][]string{}}
 	dir, err := os.MkdirTemp("", "rik8s-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.dir = dir
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	c.cgroupRoot = "/" + filepath.Base(dir)
+	c := &cluster{kubeNode: newKubeNode(nodeName, nodeIP, dir, "/"+filepath.Base(dir))}
 
-	// The node's network: a link to the peer namespace, a default route
-	// through it.
-	c.node = netns.New(t, "k8sn")
+	// The LAN: a bridge in the peer namespace, the peer's address on it;
+	// node A a port of it.
 	c.peer = netns.New(t, "k8sp")
-	veth := netns.Unique("k8v")
-	if out, err := netns.Command("ip", "link", "add", veth, "netns", c.node.Name, "type", "veth", "peer", "name", "eth0", "netns", c.peer.Name); err != nil {
-		t.Fatalf("veth: %v: %s", err, out)
-	}
-	c.node.MustRun(t, "ip", "link", "set", veth, "name", "eth0")
-	c.node.MustRun(t, "ip", "addr", "add", nodeIP+"/24", "dev", "eth0")
-	c.node.MustRun(t, "ip", "link", "set", "eth0", "up")
-	c.node.MustRun(t, "ip", "route", "add", "default", "via", peerIP)
-	c.peer.MustRun(t, "ip", "addr", "add", peerIP+"/24", "dev", "eth0")
-	c.peer.MustRun(t, "ip", "link", "set", "eth0", "up")
+	c.peer.MustRun(t, "ip", "link", "add", "br0", "type", "bridge")
+	c.peer.MustRun(t, "ip", "addr", "add", peerIP+"/24", "dev", "br0")
+	c.peer.MustRun(t, "ip", "link", "set", "br0", "up")
+	c.attach(t, c.kubeNode)
 
 	// The suite's etcd (TLS: the manifest's Secret carries its client
 	// certificate), reached from the node through a relay on the node's
@@ -177,8 +196,76 @@ func startCluster(t *testing.T) *cluster {
 	t.Cleanup(func() { c.teardown(t) })
 	c.writeCredentials(t)
 	c.startControlPlane(t)
-	c.startNode(t)
+	c.startNode(t, c.kubeNode)
 	return c
+}
+
+func newKubeNode(name, ip, dir, cgroupRoot string) *kubeNode {
+	return &kubeNode{name: name, ip: ip, dir: dir, cgroupRoot: cgroupRoot, procs: map[string]*proc{}, args: map[string][]string{}}
+}
+
+// attach makes n's network namespace, a port of the LAN: its eth0 with
+// its address, a default route through the peer.
+func (c *cluster) attach(t *testing.T, n *kubeNode) {
+	t.Helper()
+	n.node = netns.New(t, "k8sn")
+	veth, port := netns.Unique("k8v"), netns.Unique("k8p")
+	if out, err := netns.Command("ip", "link", "add", veth, "netns", n.node.Name, "type", "veth", "peer", "name", port, "netns", c.peer.Name); err != nil {
+		t.Fatalf("veth: %v: %s", err, out)
+	}
+	c.peer.MustRun(t, "ip", "link", "set", port, "master", "br0", "up")
+	n.node.MustRun(t, "ip", "link", "set", veth, "name", "eth0")
+	n.node.MustRun(t, "ip", "addr", "add", n.ip+"/24", "dev", "eth0")
+	n.node.MustRun(t, "ip", "link", "set", "eth0", "up")
+	n.node.MustRun(t, "ip", "route", "add", "default", "via", peerIP)
+}
+
+// addNode joins a node to the cluster: on the LAN at ip, the suite's etcd
+// relayed on its loopback at the address every node's list names, the
+// pause image and images (archives) imported; it returns once its Node is
+// registered. Its teardown runs when t ends (before its namespace goes):
+// the node stopped as the cluster's own, then its Node object deleted and
+// its pods with it.
+func (c *cluster) addNode(t *testing.T, name, ip string, images ...string) *kubeNode {
+	t.Helper()
+	dir := filepath.Join(c.dir, name)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	n := newKubeNode(name, ip, dir, c.cgroupRoot+"-"+name)
+	c.attach(t, n)
+	target := strings.TrimPrefix(c.etcd.Endpoints()[0], "https://")
+	n.node.RelayOn(t, strings.TrimPrefix(c.etcdInNode, "https://"), target)
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, name := range []string{"kubelet", "containerd"} {
+				if p := n.procs[name]; p != nil {
+					t.Log(n.name + " " + p.tail(40))
+				}
+			}
+		}
+		n.teardown(t)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := c.cs.CoreV1().Nodes().Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting Node %s: %v", name, err)
+		}
+		// Its pods (the DaemonSet's) are gone with it: deleted at once,
+		// not left to the pod GC's quarantine.
+		pods, err := c.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
+		if err != nil {
+			t.Errorf("pods of %s: %v", name, err)
+			return
+		}
+		zero := int64(0)
+		for _, p := range pods.Items {
+			if err := c.cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+				t.Errorf("deleting pod %s/%s of %s: %v", p.Namespace, p.Name, name, err)
+			}
+		}
+	})
+	c.startNode(t, n, images...)
+	return n
 }
 
 // writeCredentials writes the apiserver's token file, the service-account
@@ -256,10 +343,18 @@ while [ $# -gt 0 ]; do mount --bind "$d/$1" "$2"; shift 2; done
 touch "$d/mounted"
 exec sleep infinity`
 
-func (c *cluster) startNode(t *testing.T) {
+// startNode starts n's mount namespace, containerd (the pause and
+// ringipam images imported, and images: archives of ctr images export)
+// and kubelet, and waits for its Node.
+func (c *cluster) startNode(t *testing.T, n *kubeNode, images ...string) {
 	t.Helper()
-	d := c.dir
-	args := []string{"--net=" + c.node.Path, "unshare", "--mount", "--propagation", "slave", "sh", "-c", holderScript, "sh", d}
+	d := n.dir
+	// The mount point of containerd's shim sockets, inside its socket's
+	// directory (both mounted on the node).
+	if err := os.MkdirAll(filepath.Join(d, "cri", "s"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	args := []string{"--net=" + n.node.Path, "unshare", "--mount", "--propagation", "slave", "sh", "-c", holderScript, "sh", d}
 	for _, m := range nodeMounts {
 		for _, p := range []string{filepath.Join(d, m.src), m.target} {
 			if err := os.MkdirAll(p, 0o755); err != nil {
@@ -268,15 +363,15 @@ func (c *cluster) startNode(t *testing.T) {
 		}
 		args = append(args, m.src, m.target)
 	}
-	c.holder = c.spawn(t, "holder", "nsenter", args...)
-	if err := c.poll(nodeTimeout, func(context.Context) (bool, error) {
-		if err := c.holder.exitErr(); err != nil {
+	n.holder = n.spawn(t, "holder", "nsenter", args...)
+	if err := poll(nodeTimeout, func(context.Context) (bool, error) {
+		if err := n.holder.exitErr(); err != nil {
 			return false, err
 		}
 		_, err := os.Stat(filepath.Join(d, "mounted"))
 		return err == nil, nil
 	}); err != nil {
-		t.Fatalf("node mount namespace: %v\n%s", err, c.holder.tail(20))
+		t.Fatalf("node %s mount namespace: %v\n%s", n.name, err, n.holder.tail(20))
 	}
 
 	if err := os.MkdirAll(filepath.Dir(filepath.Join(d, criSock)), 0o755); err != nil {
@@ -285,20 +380,23 @@ func (c *cluster) startNode(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(d, "containerd.toml"), []byte(containerdConfig(d)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c.startProc(t, "containerd", true, "--config", filepath.Join(d, "containerd.toml"))
+	n.startProc(t, "containerd", true, "--config", filepath.Join(d, "containerd.toml"))
 	sock := filepath.Join(d, criSock)
-	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
-		if err := c.procs["containerd"].exitErr(); err != nil {
+	if err := poll(nodeTimeout, func(ctx context.Context) (bool, error) {
+		if err := n.procs["containerd"].exitErr(); err != nil {
 			return false, err
 		}
 		return exec.CommandContext(ctx, "ctr", "-a", sock, "version").Run() == nil, nil
 	}); err != nil {
-		t.Fatalf("containerd: %v\n%s", err, c.procs["containerd"].tail(30))
+		t.Fatalf("containerd of %s: %v\n%s", n.name, err, n.procs["containerd"].tail(30))
 	}
-	c.importImage(t, pauseArchive, "")
-	c.importImage(t, imageArchive, "docker.io/ringipam/ringipam")
+	n.importImage(t, pauseArchive, "")
+	n.importImage(t, imageArchive, "docker.io/ringipam/ringipam")
+	for _, a := range images {
+		n.importImage(t, a, "")
+	}
 
-	c.makeCgroupRoot(t)
+	n.makeCgroupRoot(t)
 	kubeletConf := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://%s
@@ -318,29 +416,29 @@ authorization: {mode: AlwaysAllow}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFree: "1%%", imagefs.available: "1%%"}
-`, sock, c.cgroupRoot, nodeIP)
+`, sock, n.cgroupRoot, n.ip)
 	if err := os.WriteFile(filepath.Join(d, "kubelet.yaml"), []byte(kubeletConf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	c.startProc(t, "kubelet", true,
+	n.startProc(t, "kubelet", true,
 		"--config="+filepath.Join(d, "kubelet.yaml"),
-		"--kubeconfig="+filepath.Join(d, "kubeconfig"),
+		"--kubeconfig="+filepath.Join(c.dir, "kubeconfig"),
 		"--root-dir="+filepath.Join(d, "kubelet"),
 		"--cert-dir="+filepath.Join(d, "kubelet-pki"),
-		"--hostname-override="+nodeName,
-		"--node-ip="+nodeIP,
+		"--hostname-override="+n.name,
+		"--node-ip="+n.ip,
 	)
-	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
-		if err := c.procs["kubelet"].exitErr(); err != nil {
+	if err := poll(nodeTimeout, func(ctx context.Context) (bool, error) {
+		if err := n.procs["kubelet"].exitErr(); err != nil {
 			return false, err
 		}
-		_, err := c.cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		_, err := c.cs.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return false, nil
 		}
 		return err == nil, err
 	}); err != nil {
-		t.Fatalf("kubelet did not register node %s: %v\n%s", nodeName, err, c.procs["kubelet"].tail(40))
+		t.Fatalf("kubelet did not register node %s: %v\n%s", n.name, err, n.procs["kubelet"].tail(40))
 	}
 	// The ServiceAccount admission refuses pods until the controller
 	// manager made the namespace's default account.
@@ -369,7 +467,7 @@ func containerdConfig(dir string) string {
 // importImage imports an image archive into the node's containerd (CRI's
 // namespace k8s.io), under baseName when given (an OCI archive's
 // references are tags only).
-func (c *cluster) importImage(t *testing.T, archive, baseName string) {
+func (c *kubeNode) importImage(t *testing.T, archive, baseName string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), nodeTimeout)
 	defer cancel()
@@ -395,7 +493,7 @@ type proc struct {
 // startProc starts the component name from the suite's Kubernetes
 // binaries (or containerd from PATH) in the node's network namespace, and
 // with inNode in the node's mount namespace too.
-func (c *cluster) startProc(t *testing.T, name string, inNode bool, args ...string) *proc {
+func (c *kubeNode) startProc(t *testing.T, name string, inNode bool, args ...string) *proc {
 	t.Helper()
 	bin := name
 	if name != "containerd" {
@@ -417,7 +515,7 @@ func (c *cluster) startProc(t *testing.T, name string, inNode bool, args ...stri
 
 // restartProc starts the node's component name again with the arguments
 // it was first started with (after stopping it).
-func (c *cluster) restartProc(t *testing.T, name string) *proc {
+func (c *kubeNode) restartProc(t *testing.T, name string) *proc {
 	t.Helper()
 	return c.startProc(t, name, true, c.args[name]...)
 }
@@ -425,7 +523,7 @@ func (c *cluster) restartProc(t *testing.T, name string) *proc {
 // waitContainerd waits until the node's containerd answers over CRI (its
 // CRI plugin initialised: kubelet, started before, exits with "server is
 // not initialized yet").
-func (c *cluster) waitContainerd(t *testing.T) {
+func (c *kubeNode) waitContainerd(t *testing.T) {
 	t.Helper()
 	conn, err := grpc.NewClient("unix://"+filepath.Join(c.dir, criSock), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -444,7 +542,7 @@ func (c *cluster) waitContainerd(t *testing.T) {
 	}
 }
 
-func (c *cluster) spawn(t *testing.T, name, bin string, args ...string) *proc {
+func (c *kubeNode) spawn(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
 	p := &proc{name: name, log: filepath.Join(c.dir, name+".log"), exited: make(chan struct{})}
 	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -502,7 +600,12 @@ func (p *proc) tail(n int) string {
 // poll calls cond every 200 ms until it returns true or an error, or
 // timeout passes (an error naming the timeout). Each call gets a context
 // bounded by the remaining time.
-func (c *cluster) poll(timeout time.Duration, cond func(ctx context.Context) (bool, error)) error {
+func (c *kubeNode) poll(timeout time.Duration, cond func(ctx context.Context) (bool, error)) error {
+	return poll(timeout, cond)
+}
+
+// poll is kubeNode.poll, for any caller.
+func poll(timeout time.Duration, cond func(ctx context.Context) (bool, error)) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	for {
@@ -534,12 +637,25 @@ func (c *cluster) teardown(t *testing.T) {
 			}
 		}
 	}
+	c.kubeNode.teardown(t)
+	for _, name := range []string{"kube-scheduler", "kube-controller-manager", "kube-apiserver"} {
+		if !c.procs[name].stop() {
+			t.Errorf("%s ignored SIGTERM for %v; killed", name, stopTimeout)
+		}
+	}
+}
+
+// teardown stops the node: kubelet first, then every process left in the
+// pods' cgroups, containerd and its shims, the kubelet's root-dir mounts,
+// the mount namespace, the pods' cgroups. What does not end on SIGTERM is
+// killed and reported. It can run once only.
+func (c *kubeNode) teardown(t *testing.T) {
 	if !c.procs["kubelet"].stop() {
-		t.Errorf("kubelet ignored SIGTERM for %v; killed", stopTimeout)
+		t.Errorf("kubelet of %s ignored SIGTERM for %v; killed", c.name, stopTimeout)
 	}
 	c.killCgroup(t)
 	if !c.procs["containerd"].stop() {
-		t.Errorf("containerd ignored SIGTERM for %v; killed", stopTimeout)
+		t.Errorf("containerd of %s ignored SIGTERM for %v; killed", c.name, stopTimeout)
 	}
 	c.killShims(t)
 	if c.holder != nil {
@@ -552,11 +668,6 @@ func (c *cluster) teardown(t *testing.T) {
 		}
 		c.holder.cmd.Process.Kill()
 		<-c.holder.exited
-	}
-	for _, name := range []string{"kube-scheduler", "kube-controller-manager", "kube-apiserver"} {
-		if !c.procs[name].stop() {
-			t.Errorf("%s ignored SIGTERM for %v; killed", name, stopTimeout)
-		}
 	}
 	c.removeCgroups(t)
 }
@@ -590,7 +701,7 @@ func (c *cluster) keepLogs(t *testing.T) {
 // makeCgroupRoot creates kubelet's cgroupRoot in every cgroup v1
 // hierarchy (kubelet refuses a root missing in one); the cpuset one gets
 // its parent's CPUs and memory nodes, without which nothing can join it.
-func (c *cluster) makeCgroupRoot(t *testing.T) {
+func (c *kubeNode) makeCgroupRoot(t *testing.T) {
 	t.Helper()
 	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
 	for _, h := range hier {
@@ -617,7 +728,7 @@ func (c *cluster) makeCgroupRoot(t *testing.T) {
 
 // cgroupDirs lists the pods' cgroup directories of every hierarchy
 // (cgroup v1: one per controller), deepest first.
-func (c *cluster) cgroupDirs() []string {
+func (c *kubeNode) cgroupDirs() []string {
 	var dirs []string
 	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
 	for _, h := range hier {
@@ -636,7 +747,7 @@ func (c *cluster) cgroupDirs() []string {
 
 // killCgroup kills every process in the pods' cgroups (containers kubelet
 // did not stop, the node being torn down) and waits until they are gone.
-func (c *cluster) killCgroup(t *testing.T) {
+func (c *kubeNode) killCgroup(t *testing.T) {
 	err := c.poll(stopTimeout, func(context.Context) (bool, error) {
 		n := 0
 		for _, d := range c.cgroupDirs() {
@@ -655,7 +766,7 @@ func (c *cluster) killCgroup(t *testing.T) {
 	}
 }
 
-func (c *cluster) removeCgroups(t *testing.T) {
+func (c *kubeNode) removeCgroups(t *testing.T) {
 	var errs []error
 	for _, d := range c.cgroupDirs() {
 		if err := os.Remove(d); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -669,7 +780,7 @@ func (c *cluster) removeCgroups(t *testing.T) {
 
 // killShims kills the shims of the node's containerd (they name its socket
 // in their command line) that did not exit with their sandboxes.
-func (c *cluster) killShims(t *testing.T) {
+func (c *kubeNode) killShims(t *testing.T) {
 	want := []byte(filepath.Join(c.dir, criSock) + "\x00")
 	for _, pid := range processes(func(_ int, cmdline []byte) bool {
 		return bytes.Contains(cmdline, []byte("containerd-shim")) && bytes.Contains(cmdline, want)

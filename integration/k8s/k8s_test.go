@@ -1,7 +1,7 @@
 //go:build integration
 
-// Package k8s proves deploy/kubernetes/ringipam.yaml on a real one-node
-// Kubernetes cluster: kube-apiserver (on the suite's etcd),
+// Package k8s proves deploy/kubernetes/ringipam.yaml on a real Kubernetes
+// cluster: kube-apiserver (on the suite's etcd),
 // kube-controller-manager, kube-scheduler and kubelet at the version
 // tools/k8s pins (built by scripts/build-k8s.sh into .cache/bin/k8s), on a
 // private containerd 1.6 (cluster_test.go). The suite builds ringipam's
@@ -14,8 +14,10 @@
 // node's files), deletes the Node of a second host (reclaim_test.go: its
 // space reclaimed at once by the leader, once its agent is gone), makes a
 // pod vanish behind the kubelet's back (its address released by the
-// agent after the grace) and deletes the manifest again (the hook removes
-// them).
+// agent after the grace), joins two more kubelets (each node a network
+// namespace on one LAN: flat_test.go) whose pods reach the first node's
+// by pod IP through the agents' --routes, and deletes the manifest again
+// (the hook removes them).
 //
 // Runs as root. Under CI (the CI variable set) a missing binary fails the
 // suite instead of skipping it.
@@ -146,6 +148,7 @@ func TestKubernetes(t *testing.T) {
 		{"RollingUpdate", testRollingUpdate},
 		{"NodeDeleted", testNodeDeleted},
 		{"VanishedPods", testVanishedPods},
+		{"FlatNetwork", testFlatNetwork},
 	} {
 		start := time.Now()
 		if !t.Run(s.name, func(t *testing.T) { s.fn(t, c) }) {

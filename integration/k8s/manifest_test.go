@@ -103,11 +103,12 @@ func (c *cluster) loadManifest(t *testing.T) *manifest {
 			// The cluster has no kube-proxy: in-cluster clients (the
 			// preStop hook) reach the apiserver at its own address, as
 			// on any cluster without a service proxy.
-			// The node's containerd's socket directory is the suite's.
+			// The node's containerd's socket directory is at the shipped
+			// path in every node's mount namespace (nodeMounts).
 			found := false
 			for i := range spec.Volumes {
 				if hp := spec.Volumes[i].HostPath; hp != nil && hp.Path == shippedCRIDir {
-					hp.Path, found = filepath.Dir(filepath.Join(c.dir, criSock)), true
+					found = true
 				}
 			}
 			if !found {

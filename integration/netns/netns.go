@@ -201,10 +201,18 @@ func (n *NS) Forward(t testing.TB, target string) string {
 // inside n ("127.0.0.1:port"); everything is closed when the test ends.
 func (n *NS) Relay(t testing.TB, target string) string {
 	t.Helper()
+	return n.RelayOn(t, "127.0.0.1:0", target)
+}
+
+// RelayOn is Relay listening on listen ("127.0.0.1:port") inside n: the
+// same loopback address in several namespaces (hosts that share one
+// configuration naming it).
+func (n *NS) RelayOn(t testing.TB, listen, target string) string {
+	t.Helper()
 	var l net.Listener
 	if err := n.Do(func() error {
 		var err error
-		l, err = net.Listen("tcp", "127.0.0.1:0")
+		l, err = net.Listen("tcp", listen)
 		return err
 	}); err != nil {
 		t.Fatalf("relay in %s to %s: %v", n.Name, target, err)
