@@ -279,28 +279,8 @@ func (c *cluster) install(t *testing.T) *manifest {
 	if err != nil {
 		t.Fatalf("DaemonSet ringipam not ready: %v; status %+v; pod: %s", err, ds.Status, c.agentPodState())
 	}
-	err = c.poll(installTimeout, func(ctx context.Context) (bool, error) {
-		n, err := c.cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
-		if err != nil {
-			return false, nil
-		}
-		ready := false
-		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
-				ready = true
-			}
-		}
-		// The node lifecycle controller lifts the not-ready taint after.
-		for _, taint := range n.Spec.Taints {
-			if taint.Key == corev1.TaintNodeNotReady {
-				ready = false
-			}
-		}
-		return ready, nil
-	})
-	if err != nil {
-		t.Fatalf("node %s not Ready with the installed list: %v", nodeName, err)
-	}
+	// The node lifecycle controller lifts the not-ready taint after.
+	c.waitNodeReady(t, nodeName)
 
 	list, err := os.ReadFile(c.hostDir("/etc/cni/net.d/10-ringipam.conflist"))
 	if err != nil {

@@ -373,6 +373,20 @@ func TestNoKeyGrowsWithHosts(t *testing.T) {
 	}
 }
 
+// sharedPool is a /16 pool "p" whose whole space n hosts share
+// (spreadRing), host0000 among them with one address, on a counting store.
+func sharedPool(t *testing.T, n int) (*byteCounter, Def, *Allocator) {
+	t.Helper()
+	st := &byteCounter{Store: memory.New()}
+	def := v4Def("p", "198.18.0.0/16")
+	h0, _ := New(st, "host0000")
+	if _, err := h0.Allocate(context.Background(), Request{Owner: own("h0"), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
+		t.Fatal(err)
+	}
+	spreadRing(t, st, def, n)
+	return st, def, h0
+}
+
 // donationKeys measures the keys a new host's first ADD reads in a /16
 // pool whose whole space n hosts share (spreadRing: no unowned space, each
 // host with free addresses): its claim misses the random blocks and the
@@ -381,13 +395,7 @@ func TestNoKeyGrowsWithHosts(t *testing.T) {
 func donationKeys(t *testing.T, n int) int {
 	t.Helper()
 	ctx := context.Background()
-	st := &byteCounter{Store: memory.New()}
-	def := v4Def("p", "198.18.0.0/16")
-	h0, _ := New(st, "host0000")
-	if _, err := h0.Allocate(ctx, Request{Owner: own("h0"), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
-		t.Fatal(err)
-	}
-	spreadRing(t, st, def, n)
+	st, def, _ := sharedPool(t, n)
 	joiner, _ := New(st, "joiner")
 	st.keysRead()
 	got, err := joiner.Allocate(ctx, Request{Owner: own("j"), Wants: ipWant("p"), Defs: []Def{def}})
@@ -421,13 +429,7 @@ func TestDonationReadsDoNotGrowWithHosts(t *testing.T) {
 func statusKeys(t *testing.T, n int) int {
 	t.Helper()
 	ctx := context.Background()
-	st := &byteCounter{Store: memory.New()}
-	def := v4Def("p", "198.18.0.0/16")
-	h0, _ := New(st, "host0000")
-	if _, err := h0.Allocate(ctx, Request{Owner: own("h0"), Wants: ipWant("p"), Defs: []Def{def}}); err != nil {
-		t.Fatal(err)
-	}
-	spreadRing(t, st, def, n)
+	st, _, h0 := sharedPool(t, n)
 	st.keysRead()
 	ok, _, err := h0.HasRoom(ctx, "p", 2)
 	if err != nil || !ok {
