@@ -220,7 +220,7 @@ func (w *world) whereabouts(t *testing.T) ipam {
 	}
 	rc := cs.Discovery().RESTClient()
 	if err := poll(apiserverTO, func(ctx context.Context) (bool, error) {
-		if err := api.exitErr(); err != nil {
+		if err := api.ExitErr(); err != nil {
 			return false, err
 		}
 		if _, err := rc.Get().AbsPath("/readyz").DoRaw(ctx); err != nil {
@@ -229,7 +229,7 @@ func (w *world) whereabouts(t *testing.T) ipam {
 		_, err := rc.Get().AbsPath("/api/v1/namespaces/kube-system").DoRaw(ctx)
 		return err == nil, nil
 	}); err != nil {
-		t.Fatalf("kube-apiserver not ready: %v\n%s", err, api.tail(30))
+		t.Fatalf("kube-apiserver not ready: %v\n%s", err, api.Tail(30))
 	}
 	files, _ := filepath.Glob(filepath.Join(whereaboutsCRDs, "*.yaml"))
 	if len(files) == 0 {

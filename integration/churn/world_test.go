@@ -192,70 +192,19 @@ func sweep(t *testing.T) {
 }
 
 // proc is a long-running process of the world (kube-apiserver), its
-// output in a file; stop ends it.
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	log    string
-	exited chan struct{}
-	err    error
-}
+// output in a file.
+type proc = testenv.Proc
 
 // startIn starts bin in namespace ns (nsenter execs it: the process is bin
-// itself) and registers its stop.
+// itself) and registers its stop (SIGTERM, at most 20 s, then kill).
 func (w *world) startIn(ns *netns.NS, name, bin string, args ...string) *proc {
 	w.t.Helper()
-	p := &proc{name: name, log: filepath.Join(w.dir, name+".log"), exited: make(chan struct{})}
-	f, err := os.Create(p.log)
+	p, err := testenv.StartProc(name, filepath.Join(w.dir, name+".log"), exec.Command("nsenter", append([]string{"--net=" + ns.Path, "--", bin}, args...)...))
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	defer f.Close()
-	p.cmd = exec.Command("nsenter", append([]string{"--net=" + ns.Path, "--", bin}, args...)...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	if err := p.cmd.Start(); err != nil {
-		w.t.Fatalf("starting %s: %v", name, err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
-	w.t.Cleanup(p.stop)
+	w.t.Cleanup(func() { p.Stop(20 * time.Second) })
 	return p
-}
-
-// stop sends SIGTERM, waits at most 20 s, then kills; stopping twice is
-// harmless.
-func (p *proc) stop() {
-	select {
-	case <-p.exited:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-	case <-time.After(20 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-	}
-}
-
-// exitErr is non-nil once the process has exited.
-func (p *proc) exitErr() error {
-	select {
-	case <-p.exited:
-		return fmt.Errorf("%s exited: %v", p.name, p.err)
-	default:
-		return nil
-	}
-}
-
-// tail is the last n lines of the process's output.
-func (p *proc) tail(n int) string {
-	b, _ := os.ReadFile(p.log)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
 
 // poll calls fn every 200 ms until it returns true or an error, or until

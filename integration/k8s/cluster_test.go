@@ -240,7 +240,7 @@ func (c *cluster) addNode(t *testing.T, name, ip string, images ...string) *kube
 		if t.Failed() {
 			for _, name := range []string{"kubelet", "containerd"} {
 				if p := n.procs[name]; p != nil {
-					t.Log(n.name + " " + p.tail(40))
+					t.Log(n.name + " " + p.Tail(40))
 				}
 			}
 		}
@@ -312,14 +312,14 @@ func (c *cluster) startControlPlane(t *testing.T) {
 	}
 	c.cs = cs
 	err = c.poll(apiserverTimeout, func(ctx context.Context) (bool, error) {
-		if err := c.procs["kube-apiserver"].exitErr(); err != nil {
+		if err := c.procs["kube-apiserver"].ExitErr(); err != nil {
 			return false, err
 		}
 		_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 		return err == nil, nil
 	})
 	if err != nil {
-		t.Fatalf("kube-apiserver not ready: %v\n%s", err, c.procs["kube-apiserver"].tail(30))
+		t.Fatalf("kube-apiserver not ready: %v\n%s", err, c.procs["kube-apiserver"].Tail(30))
 	}
 	kubeconfig := "--kubeconfig=" + filepath.Join(d, "kubeconfig")
 	c.startProc(t, "kube-controller-manager", false, kubeconfig, "--leader-elect=false",
@@ -365,13 +365,13 @@ func (c *cluster) startNode(t *testing.T, n *kubeNode, images ...string) {
 	}
 	n.holder = n.spawn(t, "holder", "nsenter", args...)
 	if err := poll(nodeTimeout, func(context.Context) (bool, error) {
-		if err := n.holder.exitErr(); err != nil {
+		if err := n.holder.ExitErr(); err != nil {
 			return false, err
 		}
 		_, err := os.Stat(filepath.Join(d, "mounted"))
 		return err == nil, nil
 	}); err != nil {
-		t.Fatalf("node %s mount namespace: %v\n%s", n.name, err, n.holder.tail(20))
+		t.Fatalf("node %s mount namespace: %v\n%s", n.name, err, n.holder.Tail(20))
 	}
 
 	if err := os.MkdirAll(filepath.Dir(filepath.Join(d, criSock)), 0o755); err != nil {
@@ -383,12 +383,12 @@ func (c *cluster) startNode(t *testing.T, n *kubeNode, images ...string) {
 	n.startProc(t, "containerd", true, "--config", filepath.Join(d, "containerd.toml"))
 	sock := filepath.Join(d, criSock)
 	if err := poll(nodeTimeout, func(ctx context.Context) (bool, error) {
-		if err := n.procs["containerd"].exitErr(); err != nil {
+		if err := n.procs["containerd"].ExitErr(); err != nil {
 			return false, err
 		}
 		return exec.CommandContext(ctx, "ctr", "-a", sock, "version").Run() == nil, nil
 	}); err != nil {
-		t.Fatalf("containerd of %s: %v\n%s", n.name, err, n.procs["containerd"].tail(30))
+		t.Fatalf("containerd of %s: %v\n%s", n.name, err, n.procs["containerd"].Tail(30))
 	}
 	n.importImage(t, pauseArchive, "")
 	n.importImage(t, imageArchive, "docker.io/ringipam/ringipam")
@@ -429,7 +429,7 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFr
 		"--node-ip="+n.ip,
 	)
 	if err := poll(nodeTimeout, func(ctx context.Context) (bool, error) {
-		if err := n.procs["kubelet"].exitErr(); err != nil {
+		if err := n.procs["kubelet"].ExitErr(); err != nil {
 			return false, err
 		}
 		_, err := c.cs.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
@@ -438,7 +438,7 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFr
 		}
 		return err == nil, err
 	}); err != nil {
-		t.Fatalf("kubelet did not register node %s: %v\n%s", n.name, err, n.procs["kubelet"].tail(40))
+		t.Fatalf("kubelet did not register node %s: %v\n%s", n.name, err, n.procs["kubelet"].Tail(40))
 	}
 	// The ServiceAccount admission refuses pods until the controller
 	// manager made the namespace's default account.
@@ -449,7 +449,7 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFr
 		}
 		return err == nil, err
 	}); err != nil {
-		t.Fatalf("no default ServiceAccount: %v\n%s", err, c.procs["kube-controller-manager"].tail(30))
+		t.Fatalf("no default ServiceAccount: %v\n%s", err, c.procs["kube-controller-manager"].Tail(30))
 	}
 }
 
@@ -482,13 +482,7 @@ func (c *kubeNode) importImage(t *testing.T, archive, baseName string) {
 }
 
 // proc is one process of the cluster, its output in a log file.
-type proc struct {
-	name   string
-	cmd    *exec.Cmd
-	log    string
-	exited chan struct{}
-	err    error // valid once exited is closed
-}
+type proc = testenv.Proc
 
 // startProc starts the component name from the suite's Kubernetes
 // binaries (or containerd from PATH) in the node's network namespace, and
@@ -501,7 +495,7 @@ func (c *kubeNode) startProc(t *testing.T, name string, inNode bool, args ...str
 	}
 	var nsArgs []string
 	if inNode {
-		nsArgs = []string{"-t", strconv.Itoa(c.holder.cmd.Process.Pid), "-m", "-n", "--"}
+		nsArgs = []string{"-t", strconv.Itoa(c.holder.Cmd.Process.Pid), "-m", "-n", "--"}
 	} else {
 		nsArgs = []string{"--net=" + c.node.Path, "--"}
 	}
@@ -532,69 +526,25 @@ func (c *kubeNode) waitContainerd(t *testing.T) {
 	defer conn.Close()
 	rt := runtimeapi.NewRuntimeServiceClient(conn)
 	if err := c.poll(nodeTimeout, func(ctx context.Context) (bool, error) {
-		if err := c.procs["containerd"].exitErr(); err != nil {
+		if err := c.procs["containerd"].ExitErr(); err != nil {
 			return false, err
 		}
 		_, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
 		return err == nil, nil
 	}); err != nil {
-		t.Fatalf("containerd's CRI: %v\n%s", err, c.procs["containerd"].tail(30))
+		t.Fatalf("containerd's CRI: %v\n%s", err, c.procs["containerd"].Tail(30))
 	}
 }
 
 func (c *kubeNode) spawn(t *testing.T, name, bin string, args ...string) *proc {
 	t.Helper()
-	p := &proc{name: name, log: filepath.Join(c.dir, name+".log"), exited: make(chan struct{})}
-	f, err := os.OpenFile(p.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	// nsenter and unshare exec what they run (no --fork): the process is
+	// the component itself, and signals reach it.
+	p, err := testenv.StartProc(name, filepath.Join(c.dir, name+".log"), exec.Command(bin, args...))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Stdout, p.cmd.Stderr = f, f
-	// nsenter and unshare exec what they run (no --fork): the process is
-	// the component itself, and signals reach it.
-	if err := p.cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	go func() { p.err = p.cmd.Wait(); close(p.exited) }()
 	return p
-}
-
-// exitErr is non-nil once the process has exited.
-func (p *proc) exitErr() error {
-	select {
-	case <-p.exited:
-		return fmt.Errorf("%s exited: %v", p.name, p.err)
-	default:
-		return nil
-	}
-}
-
-// stop sends SIGTERM and waits stopTimeout, then kills. It reports whether
-// the process ended on SIGTERM.
-func (p *proc) stop() bool {
-	if p == nil {
-		return true
-	}
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-		return true
-	case <-time.After(stopTimeout):
-		p.cmd.Process.Kill()
-		<-p.exited
-		return false
-	}
-}
-
-func (p *proc) tail(n int) string {
-	b, _ := os.ReadFile(p.log)
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return p.name + " (log tail):\n" + strings.Join(lines, "\n")
 }
 
 // poll calls cond every 200 ms until it returns true or an error, or
@@ -633,13 +583,13 @@ func (c *cluster) teardown(t *testing.T) {
 	if t.Failed() {
 		for _, name := range []string{"kubelet", "containerd", "kube-controller-manager", "kube-scheduler", "kube-apiserver"} {
 			if p := c.procs[name]; p != nil {
-				t.Log(p.tail(40))
+				t.Log(p.Tail(40))
 			}
 		}
 	}
 	c.kubeNode.teardown(t)
 	for _, name := range []string{"kube-scheduler", "kube-controller-manager", "kube-apiserver"} {
-		if !c.procs[name].stop() {
+		if !c.procs[name].Stop(stopTimeout) {
 			t.Errorf("%s ignored SIGTERM for %v; killed", name, stopTimeout)
 		}
 	}
@@ -650,11 +600,11 @@ func (c *cluster) teardown(t *testing.T) {
 // the mount namespace, the pods' cgroups. What does not end on SIGTERM is
 // killed and reported. It can run once only.
 func (c *kubeNode) teardown(t *testing.T) {
-	if !c.procs["kubelet"].stop() {
+	if !c.procs["kubelet"].Stop(stopTimeout) {
 		t.Errorf("kubelet of %s ignored SIGTERM for %v; killed", c.name, stopTimeout)
 	}
 	c.killCgroup(t)
-	if !c.procs["containerd"].stop() {
+	if !c.procs["containerd"].Stop(stopTimeout) {
 		t.Errorf("containerd of %s ignored SIGTERM for %v; killed", c.name, stopTimeout)
 	}
 	c.killShims(t)
@@ -662,12 +612,12 @@ func (c *kubeNode) teardown(t *testing.T) {
 		// kubelet bind-mounts its root-dir onto itself (and mounts the
 		// pods' volumes under it): unmount before the directory goes.
 		root := filepath.Join(c.dir, "kubelet")
-		if out, err := exec.Command("nsenter", "-t", strconv.Itoa(c.holder.cmd.Process.Pid), "-m", "umount", "-R", root).CombinedOutput(); err != nil &&
+		if out, err := exec.Command("nsenter", "-t", strconv.Itoa(c.holder.Cmd.Process.Pid), "-m", "umount", "-R", root).CombinedOutput(); err != nil &&
 			!bytes.Contains(out, []byte("not mounted")) {
 			t.Errorf("umount -R %s: %v: %s", root, err, out)
 		}
-		c.holder.cmd.Process.Kill()
-		<-c.holder.exited
+		c.holder.Cmd.Process.Kill()
+		<-c.holder.Exited
 	}
 	c.removeCgroups(t)
 }

@@ -136,15 +136,15 @@ func (c *cluster) startAgentB(t *testing.T, name string) *proc {
 		"--agent-socket="+filepath.Join(d, "a.sock"), "--del-queue="+filepath.Join(d, "delq"),
 		"--listen=off", "--ingress=false", "--sweep=false", "--heartbeat=2s",
 		"--kube-reclaim-nodes", "--kubeconfig="+filepath.Join(c.dir, "kubeconfig"))
-	t.Cleanup(func() { p.stop() })
+	t.Cleanup(func() { p.Stop(stopTimeout) })
 	if err := c.poll(reclaimTimeout, func(context.Context) (bool, error) {
-		if err := p.exitErr(); err != nil {
+		if err := p.ExitErr(); err != nil {
 			return false, err
 		}
 		h, ok := c.hostState(t, name)
 		return ok && h.State == "up" && h.KubeNode, nil
 	}); err != nil {
-		t.Fatalf("host %s not up and marked a Kubernetes node: %v\n%s", name, err, p.tail(30))
+		t.Fatalf("host %s not up and marked a Kubernetes node: %v\n%s", name, err, p.Tail(30))
 	}
 	return p
 }
@@ -225,7 +225,7 @@ func testNodeDeleted(t *testing.T, c *cluster) {
 	}
 
 	// Its agent stops (its lease revoked): reclaimed at once.
-	if !agent.stop() {
+	if !agent.Stop(stopTimeout) {
 		t.Errorf("%s's agent ignored SIGTERM", b)
 	}
 	if err := c.poll(reclaimTimeout, func(context.Context) (bool, error) {
@@ -265,7 +265,7 @@ func testNodeDeleted(t *testing.T, c *cluster) {
 	if _, _, err := alloc.Release(ctx, owner); err != nil {
 		t.Fatal(err)
 	}
-	agent.stop()
+	agent.Stop(stopTimeout)
 	c.deleteNode(t, b)
 	if err := c.poll(reclaimTimeout, func(context.Context) (bool, error) {
 		h, ok := c.hostState(t, b)
@@ -326,7 +326,7 @@ func testVanishedPods(t *testing.T, c *cluster) {
 	t.Logf("vanish holds %s, creating holds %s", addr, creating.Status.PodIP)
 
 	// Behind the kubelet's back.
-	if !c.procs["kubelet"].stop() {
+	if !c.procs["kubelet"].Stop(stopTimeout) {
 		t.Errorf("kubelet ignored SIGTERM")
 	}
 	ids, err := c.ctr(t, "containers", "ls", "-q", `labels."io.kubernetes.pod.uid"==`+string(vanish.UID))
@@ -340,7 +340,7 @@ func testVanishedPods(t *testing.T, c *cluster) {
 			t.Fatalf("ctr containers delete %s: %v: %s", id, err, out)
 		}
 	}
-	if !c.procs["containerd"].stop() {
+	if !c.procs["containerd"].Stop(stopTimeout) {
 		t.Errorf("containerd ignored SIGTERM")
 	}
 	c.restartProc(t, "containerd")
@@ -397,7 +397,7 @@ func (c *cluster) waitKubelet(t *testing.T) {
 	t.Helper()
 	cl := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: c.node.DialContext}}
 	if err := c.poll(installTimeout, func(ctx context.Context) (bool, error) {
-		if err := c.procs["kubelet"].exitErr(); err != nil {
+		if err := c.procs["kubelet"].ExitErr(); err != nil {
 			return false, err
 		}
 		resp, err := cl.Get("http://127.0.0.1:10248/healthz")
@@ -419,6 +419,6 @@ func (c *cluster) waitKubelet(t *testing.T) {
 		}
 		return false, nil
 	}); err != nil {
-		t.Fatalf("kubelet not serving, node %s not Ready after kubelet's restart: %v\n%s", nodeName, err, c.procs["kubelet"].tail(20))
+		t.Fatalf("kubelet not serving, node %s not Ready after kubelet's restart: %v\n%s", nodeName, err, c.procs["kubelet"].Tail(20))
 	}
 }
