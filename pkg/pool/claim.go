@@ -2,7 +2,6 @@ package pool
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -185,48 +184,63 @@ func (a *Allocator) claimLastResort(ctx context.Context, tx *ringTxn, segs []spa
 	if err != nil {
 		return err
 	}
-	type donor struct {
-		host  string
-		state hostState
-		kv    store.KV
-		spans []span
-		free  u128
-	}
 	var donors []donor
 	var used uint64
 	for _, kv := range hostKVs {
-		d := donor{host: kv.Key[len(hostPrefix(pool)):], kv: kv}
-		if err := json.Unmarshal(kv.Value, &d.state); err != nil {
-			return fmt.Errorf("pool %s host %s: corrupt state: %w", pool, d.host, err)
-		}
-		if he, ok := tx.hosts[d.host]; ok && he.st != nil && !he.own {
-			// This commit changed it already (an earlier claim of the
-			// same request): plan on the changed state, as read.
-			d.state, d.kv = *he.st, he.kv
+		d, err := tx.donorOf(kv.Key[len(hostPrefix(pool)):], kv, segs)
+		if err != nil {
+			return err
 		}
 		used += d.state.Used
-		if d.host == a.host || skip[d.host] {
+		if d.host == a.host || skip[d.host] || d.free == (u128{}) {
 			continue
 		}
-		d.spans = clipAll(d.state.spans(), segs)
-		c := capacityOf(d.spans)
-		if c.cmp(u128{lo: d.state.Used}) > 0 {
-			d.free = c.sub(u128{lo: d.state.Used})
-			donors = append(donors, d)
-		}
+		donors = append(donors, d)
 	}
-	slices.SortFunc(donors, func(x, y donor) int {
-		if c := y.free.cmp(x.free); c != 0 {
-			return c
-		}
-		return strings.Compare(x.host, y.host)
-	})
+	sortDonors(donors)
 	for _, d := range donors {
 		if done, err := a.tryDonor(ctx, tx, segs, d.host, d.kv, d.state); done || err != nil {
 			return err
 		}
 	}
 	return &CapacityError{Pool: pool, Used: used, Capacity: capacityOf(segs).String()}
+}
+
+// donor is a host of the pool that may give free space: its state as read
+// (or as this commit already changed it) and how many of its addresses in
+// the dynamic segments are free.
+type donor struct {
+	host  string
+	kv    store.KV
+	state hostState
+	free  u128
+}
+
+// donorOf decodes kv, host's state of tx's pool, as a donor. A state this
+// commit changed already (an earlier claim of the same request) is
+// planned on as changed. free is zero when it has nothing free in segs.
+func (tx *ringTxn) donorOf(host string, kv store.KV, segs []span) (donor, error) {
+	d := donor{host: host, kv: kv}
+	if err := decodeHostState(kv.Value, &d.state); err != nil {
+		return donor{}, fmt.Errorf("pool %s host %s: corrupt state: %w", tx.pool, host, err)
+	}
+	if he, ok := tx.hosts[host]; ok && he.st != nil && !he.own {
+		d.state, d.kv = *he.st, he.kv
+	}
+	if c := capacityOf(clipAll(d.state.spans(), segs)); c.cmp(u128{lo: d.state.Used}) > 0 {
+		d.free = c.sub(u128{lo: d.state.Used})
+	}
+	return d, nil
+}
+
+// sortDonors orders donors by most free space first, then by name.
+func sortDonors(ds []donor) {
+	slices.SortFunc(ds, func(x, y donor) int {
+		if c := y.free.cmp(x.free); c != 0 {
+			return c
+		}
+		return strings.Compare(x.host, y.host)
+	})
 }
 
 // takeFrom gives s, inside the range holding v, to this host in tx.

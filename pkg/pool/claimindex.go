@@ -214,37 +214,20 @@ func (a *Allocator) donateIndexed(ctx context.Context, tx *ringTxn, segs []span,
 	if err != nil {
 		return false, err
 	}
-	type cand struct {
-		host  string
-		kv    store.KV
-		state hostState
-		free  u128
-	}
-	var cands []cand
+	var cands []donor
 	for i, kv := range kvs {
 		if !kv.Exists() {
 			continue // a stale entry: the state is gone
 		}
-		c := cand{host: hosts[i], kv: kv}
-		if err := decodeHostState(kv.Value, &c.state); err != nil {
-			return false, fmt.Errorf("pool %s host %s: corrupt state: %w", pool, c.host, err)
+		c, err := tx.donorOf(hosts[i], kv, segs)
+		if err != nil {
+			return false, err
 		}
-		if he, ok := tx.hosts[c.host]; ok && he.st != nil && !he.own {
-			c.state, c.kv = *he.st, he.kv
+		if c.free != (u128{}) {
+			cands = append(cands, c)
 		}
-		capa := capacityOf(clipAll(c.state.spans(), segs))
-		if capa.cmp(u128{lo: c.state.Used}) <= 0 {
-			continue
-		}
-		c.free = capa.sub(u128{lo: c.state.Used})
-		cands = append(cands, c)
 	}
-	slices.SortFunc(cands, func(x, y cand) int {
-		if c := y.free.cmp(x.free); c != 0 {
-			return c
-		}
-		return strings.Compare(x.host, y.host)
-	})
+	sortDonors(cands)
 	for _, c := range cands {
 		asked[c.host] = true
 		if done, err := a.tryDonor(ctx, tx, segs, c.host, c.kv, c.state); done || err != nil {
