@@ -716,6 +716,7 @@ func (a *Agent) syncIngress(ctx context.Context, s *ingressState, force bool) {
 func (a *Agent) desired() []Forward {
 	snap := a.caches.ports.Snapshot()
 	var ports []portalloc.Published
+	var holders []string
 	for _, e := range snap.Entries {
 		if e.Err != nil {
 			a.storeError("list-ports", e.Err)
@@ -723,9 +724,12 @@ func (a *Agent) desired() []Forward {
 		}
 		if h := e.Value; h != nil && h.Ingress != "" {
 			ports = append(ports, portalloc.Published{Address: h.Address, State: portalloc.AddrState{Ingress: h.Ingress, IngressHost: h.IngressHost}})
+			holders = append(holders, h.IngressHost)
 		}
 	}
-	fs, problems := DesiredForwards(a.cfg.Host, ports, a.knownHosts(nil))
+	// Only the holders' hosts: what a pass costs follows the ingress
+	// ports, not the number of hosts.
+	fs, problems := DesiredForwards(a.cfg.Host, ports, a.hostsNamed(holders))
 	slices.Sort(problems)
 	a.mu.Lock()
 	a.forwards, a.problems = fs, problems

@@ -251,15 +251,7 @@ func (a *Agent) recordedHosts() []pool.HostInfo {
 		return h
 	}
 	for k, e := range recs.Entries {
-		if e.Err != nil {
-			a.storeError("host-record", e.Err)
-			continue
-		}
-		h := info(strings.TrimPrefix(k, pool.HostRecordKeyPrefix))
-		h.Agent, h.Addr = true, e.Value.Addr
-		if e.Value.Orphaned != 0 {
-			h.State, h.OrphanedAt = pool.HostOrphaned, time.Unix(e.Value.Orphaned, 0)
-		}
+		a.applyHostRecord(info(strings.TrimPrefix(k, pool.HostRecordKeyPrefix)), e)
 	}
 	for k := range live.Entries {
 		if name, ok := pool.LivenessKeyHost(k); ok {
@@ -272,5 +264,43 @@ func (a *Agent) recordedHosts() []pool.HostInfo {
 	}
 	slices.SortFunc(out, func(x, y pool.HostInfo) int { return strings.Compare(x.Name, y.Name) })
 	m.ok, m.hostsGen, m.liveGen, m.hosts = true, hg, lg, out
+	return out
+}
+
+// applyHostRecord sets what host record e says of h: an agent has run
+// there, its address, and the orphaned mark (a record that did not decode
+// is logged and says nothing).
+func (a *Agent) applyHostRecord(h *pool.HostInfo, e watchcache.Entry[hostView]) {
+	if e.Err != nil {
+		a.storeError("host-record", e.Err)
+		return
+	}
+	h.Agent, h.Addr = true, e.Value.Addr
+	if e.Value.Orphaned != 0 {
+		h.State, h.OrphanedAt = pool.HostOrphaned, time.Unix(e.Value.Orphaned, 0)
+	}
+}
+
+// hostsNamed are the hosts of names that the copies know (a host record or
+// a liveness key; knownHosts's states), sorted by name; a name neither
+// copy holds is left out. Each is looked up alone: the cost follows the
+// names (the holders of the ingress ports), not the cluster.
+func (a *Agent) hostsNamed(names []string) []pool.HostInfo {
+	names = slices.Compact(slices.Sorted(slices.Values(names)))
+	out := make([]pool.HostInfo, 0, len(names))
+	for _, n := range names {
+		h := pool.HostInfo{Name: n, State: pool.HostDown}
+		rec, recorded := a.caches.hosts.Get(pool.HostRecordKeyPrefix + n)
+		if recorded {
+			a.applyHostRecord(&h, rec)
+		}
+		_, up := a.caches.live.Get(pool.LivenessKey(n))
+		if up {
+			h.State = pool.HostUp
+		}
+		if recorded || up {
+			out = append(out, h)
+		}
+	}
 	return out
 }

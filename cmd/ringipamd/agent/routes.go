@@ -30,6 +30,13 @@ type router interface {
 // copies before it plans, gathering the changes of a burst into one plan.
 const routesSettle = 200 * time.Millisecond
 
+// routesMinInterval is the least time between two plans made for changes
+// (kube-proxy's --iptables-min-sync-period, 1 s by default, for the same
+// reason): a plan visits every range and host of the copies, so while
+// hosts start or claim without pause (a cluster created, every node
+// rebooted) each agent plans once a second, not once per settle.
+const routesMinInterval = time.Second
+
 // summaryEvery is the least time between two writes of this host's routes
 // summary into its status record (ringctl status reads it; nobody
 // watches it): a burst of ring changes, as when a cluster starts, costs
@@ -133,17 +140,19 @@ func (a *Agent) routesLoop(ctx context.Context) {
 	resync := time.NewTimer(jittered(a.resyncPeriod()))
 	defer resync.Stop()
 	// A change of a copy is planned routesSettle later, with every
-	// change that arrived meanwhile: when many hosts start or claim at
-	// once each agent plans once per burst, not once per event (each
-	// plan reads every range and host of its copies).
+	// change that arrived meanwhile, and no sooner than routesMinInterval
+	// after the last plan: when many hosts start or claim at once each
+	// agent plans once per burst and at most once a second, not once per
+	// event (each plan reads every range and host of its copies).
 	settle := time.NewTimer(time.Hour)
 	settle.Stop()
 	defer settle.Stop()
 	settling := false
+	planned := time.Now()
 	changed := func() {
 		if !settling {
 			settling = true
-			settle.Reset(routesSettle)
+			settle.Reset(max(routesSettle, time.Until(planned.Add(routesMinInterval))))
 		}
 	}
 	flush := time.NewTimer(time.Hour)
@@ -168,6 +177,7 @@ func (a *Agent) routesLoop(ctx context.Context) {
 		case <-settle.C:
 			settling = false
 			a.syncRoutes(ctx, &s, false)
+			planned = time.Now()
 		case <-flush.C:
 			a.flushSummary(ctx, &s)
 		case <-tick.C:

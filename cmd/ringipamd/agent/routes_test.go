@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ringipam/ringipam/pkg/pool"
+	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/routes"
 	"github.com/ringipam/ringipam/pkg/store"
 	"github.com/ringipam/ringipam/pkg/store/memory"
@@ -401,4 +402,56 @@ func TestKnownHostsFollowsItsCopies(t *testing.T) {
 	check("host-b:198.18.0.3:" + string(pool.HostUp) + " host-d:198.18.0.4:" + string(pool.HostDown))
 	live()
 	check("host-b:198.18.0.3:" + string(pool.HostDown) + " host-d:198.18.0.4:" + string(pool.HostDown))
+}
+
+// The ingress loop's pass looks up the hosts that hold ingress ports, not
+// every host: with a thousand host records it builds no list of them
+// (knownHosts's memo stays empty), and its forwards and problems are
+// those of the holders alone.
+func TestIngressLooksUpOnlyTheHolders(t *testing.T) {
+	ctx := context.Background()
+	st := memory.New()
+	for host, port := range map[string]uint16{"host-b": 8443, "host-gone": 9443} {
+		ports, err := portalloc.New(st, host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ep := portalloc.EndpointID{Network: "net", ContainerID: host + "-web", IfName: "eth0"}
+		if _, err := ports.Allocate(ctx, ep, []portalloc.Port{{Mode: portalloc.Ingress, Protocol: "tcp", Number: port, Name: "80"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	kvs, err := st.Scan(ctx, portalloc.PublishedKeyPrefix, store.PrefixEnd(portalloc.PublishedKeyPrefix), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Host, cfg.Ingress = "host-a", true
+	a := &Agent{cfg: cfg, log: slog.New(slog.NewTextHandler(io.Discard, nil)), metrics: newMetrics(nil)}
+	a.caches = a.newCaches()
+	var raw []watchcache.RawKV
+	for _, kv := range kvs {
+		raw = append(raw, watchcache.RawKV{Key: kv.Key, Value: kv.Value, ModRevision: kv.Revision})
+	}
+	a.caches.ports.Replace(raw, 0)
+	recs := []watchcache.RawKV{{Key: pool.HostRecordKeyPrefix + "host-b", Value: []byte(`{"addr":"198.18.0.2"}`)}}
+	for i := range 1000 {
+		recs = append(recs, watchcache.RawKV{Key: fmt.Sprintf("%shost-%04d", pool.HostRecordKeyPrefix, i), Value: []byte(`{"addr":"198.19.0.1"}`)})
+	}
+	a.caches.hosts.Replace(recs, 0)
+	a.caches.live.Replace([]watchcache.RawKV{{Key: pool.LivenessKey("host-b"), Value: []byte("{}")}}, 0)
+
+	fs := a.desired()
+	if len(fs) != 1 || fs[0].Port != 8443 || fs[0].To != netip.MustParseAddr("198.18.0.2") || fs[0].Host != "host-b" {
+		t.Errorf("forwards = %v, want tcp/8443 to host-b at 198.18.0.2", fs)
+	}
+	a.mu.Lock()
+	problems := a.problems
+	a.mu.Unlock()
+	if len(problems) != 1 || !strings.Contains(problems[0], "unknown host host-gone") {
+		t.Errorf("problems = %q, want host-gone's port held on an unknown host", problems)
+	}
+	if a.hostsMemo.ok {
+		t.Error("the ingress pass listed every host of the copies (knownHosts), not the holders")
+	}
 }
