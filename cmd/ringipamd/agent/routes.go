@@ -37,6 +37,13 @@ const routesSettle = 200 * time.Millisecond
 // rebooted) each agent plans once a second, not once per settle.
 const routesMinInterval = time.Second
 
+// planDelay is how long after now the routes loop plans a change that
+// arrived in a quiet period: routesSettle, or until routesMinInterval has
+// passed since the last plan (planned) if that is later.
+func planDelay(now, planned time.Time) time.Duration {
+	return max(routesSettle, planned.Add(routesMinInterval).Sub(now))
+}
+
 // summaryEvery is the least time between two writes of this host's routes
 // summary into its status record (ringctl status reads it; nobody
 // watches it): a burst of ring changes, as when a cluster starts, costs
@@ -152,7 +159,7 @@ func (a *Agent) routesLoop(ctx context.Context) {
 	changed := func() {
 		if !settling {
 			settling = true
-			settle.Reset(max(routesSettle, time.Until(planned.Add(routesMinInterval))))
+			settle.Reset(planDelay(time.Now(), planned))
 		}
 	}
 	flush := time.NewTimer(time.Hour)

@@ -455,3 +455,26 @@ func TestIngressLooksUpOnlyTheHolders(t *testing.T) {
 		t.Error("the ingress pass listed every host of the copies (knownHosts), not the holders")
 	}
 }
+
+// A change is planned routesSettle after it arrives, and never sooner
+// than routesMinInterval after the last plan.
+func TestPlanDelay(t *testing.T) {
+	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	for _, c := range []struct {
+		since time.Duration // since the last plan
+		want  time.Duration
+	}{
+		{time.Hour, routesSettle},
+		{routesMinInterval, routesSettle},
+		{routesMinInterval - routesSettle, routesSettle},
+		{routesMinInterval / 4, routesMinInterval - routesMinInterval/4},
+		{0, routesMinInterval},
+	} {
+		if got := planDelay(now, now.Add(-c.since)); got != c.want {
+			t.Errorf("planDelay %s after the last plan = %s, want %s", c.since, got, c.want)
+		}
+	}
+	if routesMinInterval <= routesSettle {
+		t.Errorf("routesMinInterval %s is no longer than routesSettle %s: a stream of changes is planned once per settle", routesMinInterval, routesSettle)
+	}
+}
