@@ -16,6 +16,8 @@
 #   SCALE_CHAOS=1             the chaos phase (etcd leader killed, an agent cut off)
 #   SCALE_LEASE_TTL=60s       the agents' --lease-ttl (default the shipped 15s)
 #   SCALE_START=4             first ADDs at most 4 at a time (default: all at once)
+#   SCALE_FULL=50             the whole agent on 50 hosts, a hollow one (no --routes,
+#                             no --ingress) on the others (default: the whole agent on all)
 #   SCALE_BEFORE=082f606      also run the harness on this commit, first
 #   SCALE_ONLY_BEFORE=1       run the commit only
 #   SCALE_TIMEOUT=3h

@@ -56,6 +56,13 @@ func TestScale(t *testing.T) {
 			opt := harness.Options{N: n, Idle: envDuration(t, "SCALE_IDLE", time.Minute), Churn: envDuration(t, "SCALE_CHURN", 20*time.Second),
 				ChurnRate: rate, OrphanAfter: envDuration(t, "SCALE_ORPHAN_AFTER", 20*time.Second), Log: os.Stdout}
 			opt.Chaos = os.Getenv("SCALE_CHAOS") != ""
+			if v := os.Getenv("SCALE_FULL"); v != "" {
+				full, err := strconv.Atoi(v)
+				if err != nil || full < 1 {
+					t.Fatalf("SCALE_FULL: %q is not a number of hosts of at least 1", v)
+				}
+				opt.Full = full
+			}
 			if v := os.Getenv("SCALE_START"); v != "" {
 				opt.StartConcurrency, _ = strconv.Atoi(v)
 			}

@@ -49,6 +49,19 @@ type Options struct {
 	// StartConcurrency, when above 0, makes the start phase's first ADDs
 	// at most that many at a time instead of all at once (SCALE_START).
 	StartConcurrency int
+	// Full, when above 0 and below N, runs the whole agent (--routes,
+	// --ingress) on hosts 0 to Full-1 and on the hosts that join later,
+	// and a hollow agent on the others, as Kubernetes' kubemark runs
+	// hollow nodes (SCALE_FULL): the same agent code with --routes and
+	// --ingress off, so with its lease, heartbeat, plugins' API, DEL
+	// queue, claims and sweeps, but without the copies of the rings, host
+	// records, liveness keys and ports that every full agent keeps. One
+	// process then does not carry N full copies of the cluster, which
+	// costs it O(N²) watch events when N hosts start at once; the phases
+	// that wait for routes or forwards wait for the full agents only. What
+	// etcd sends a full agent is the full agents' share of the watch
+	// figures; an idle agent watches nothing either way.
+	Full int
 	// Chaos adds the chaos phase (etcd leader killed, one agent
 	// partitioned, during a churn; needs Members 3).
 	Chaos bool
@@ -256,14 +269,14 @@ func (c *Cluster) Running() []*Host {
 // Stop stops host h's agent (LeaveOnStop as it was started with).
 func (c *Cluster) Stop(h *Host) error { return h.stop(5 * time.Minute) }
 
-// WaitAll waits (within d) until cond holds for every running host but
-// skip; it returns how many did not get there.
+// WaitAll waits (within d) until cond holds for every running host with
+// a full agent but skip; it returns how many did not get there.
 func (c *Cluster) WaitAll(d time.Duration, skip *Host, cond func(h *Host) bool) int {
 	deadline := time.Now().Add(d)
 	for {
 		missing := 0
 		for _, h := range c.Running() {
-			if h != skip && !cond(h) {
+			if h != skip && !h.Hollow && !cond(h) {
 				missing++
 			}
 		}

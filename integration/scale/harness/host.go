@@ -84,10 +84,13 @@ func (f *forwarder) forwards(port uint16) bool {
 
 // Host is one simulated host: its agent and what the harness made on it.
 type Host struct {
-	Name   string
-	Addr   string
-	Store  storeconfig.Config // the agent's (and its plugins') store
-	Proxy  []*Proxy           // its etcd traffic's relays (probe hosts only)
+	Name  string
+	Addr  string
+	Store storeconfig.Config // the agent's (and its plugins') store
+	Proxy []*Proxy           // its etcd traffic's relays (probe hosts only)
+	// Hollow: its agent runs without --routes and --ingress
+	// (Options.Full).
+	Hollow bool
 	cfg    agent.Config
 	rt     *router
 	fwd    *forwarder
@@ -136,8 +139,9 @@ func (c *Cluster) newHost(i int, proxied bool) (*Host, error) {
 	cfg := agent.DefaultConfig()
 	cfg.Host, cfg.Addr, cfg.Store = name, h.Addr, h.Store
 	cfg.Listen = "off"
-	cfg.Routes = true
-	cfg.Ingress = true
+	h.Hollow = c.opt.Full > 0 && i >= c.opt.Full && i < c.opt.N
+	cfg.Routes = !h.Hollow
+	cfg.Ingress = !h.Hollow
 	cfg.PortmapTable = "off"
 	cfg.LogLevel = "warn"
 	c.opt.Configure(&cfg)

@@ -56,6 +56,9 @@ var Figures = []Figure{
 // PrintTable prints one size's per-host figures, phase by phase.
 func PrintTable(w io.Writer, r Result) {
 	fmt.Fprintf(w, "\n== %s: N = %d hosts, %d etcd member(s), %d allocations per host ==\n", r.Label, r.N, r.Members, r.PerHost)
+	if r.Full > 0 {
+		fmt.Fprintf(w, "   %d hosts with the whole agent, %d hollow (no --routes, no --ingress: no copies of the rings, hosts and ports)\n", r.Full, r.N-r.Full)
+	}
 	fmt.Fprintf(w, "%-9s %6s %7s %10s %9s %10s %12s %12s %9s %9s %8s  %s\n", "phase", "hosts", "secs",
 		"req/host", "ka/host", "watch/host", "sent B/host", "recv B/host", "events", "proposals", "cpu/host", "requests by method (cluster)")
 	for _, p := range r.Phases {
@@ -119,11 +122,18 @@ func Verdicts(rs []Result) []Verdict {
 	le := func(target string, fig, limit float64, unit string) {
 		out = append(out, Verdict{target, fig, limit, fig <= limit, fmt.Sprintf("%.1f %s (limit %.0f)", fig, unit, limit)})
 	}
-	growth := func(target string, f Figure, a, b int, limit float64) {
+	growth := func(target string, f Figure, a, b int, limit float64, watches bool) {
 		ra, oka := byN(rs, a)
 		rb, okb := byN(rs, b)
 		if !oka || !okb {
 			out = append(out, Verdict{Target: target, Limit: limit, Detail: fmt.Sprintf("not measured (N=%d and N=%d both needed)", a, b)})
+			return
+		}
+		// Hollow agents watch nothing: the watch figures of runs with
+		// other shares of full agents are not comparable.
+		if watches && fullShare(ra) != fullShare(rb) {
+			out = append(out, Verdict{Target: target, Limit: limit, Detail: fmt.Sprintf("not comparable: %s at N=%d, %s at N=%d (SCALE_FULL)",
+				fullOf(ra), a, fullOf(rb), b)})
 			return
 		}
 		fa, fb := f.Of(ra), f.Of(rb)
@@ -136,17 +146,17 @@ func Verdicts(rs []Result) []Verdict {
 		le(fmt.Sprintf("41.2 idle watch messages per host per minute, N=%d", r.N), Figures[3].Of(r), 4, "messages")
 	}
 	for _, i := range []int{0, 2, 3} {
-		growth("41.2 growth 100->1000: "+Figures[i].Name, Figures[i], 100, 1000, 1.2)
+		growth("41.2 growth 100->1000: "+Figures[i].Name, Figures[i], 100, 1000, 1.2, false)
 	}
 	if ns := sizes(rs); len(ns) >= 2 {
 		a, b := ns[0], ns[len(ns)-1]
 		for _, k := range []string{"ring_watch_msgs", "ring_requests", "publish_watch_msgs", "join_watch_msgs"} {
 			i := slices.IndexFunc(Figures, func(f Figure) bool { return f.Key == k })
-			growth(fmt.Sprintf("41.3 events O(N): %s, N=%d->%d", Figures[i].Name, a, b), Figures[i], a, b, 1.5)
+			growth(fmt.Sprintf("41.3 events O(N): %s, N=%d->%d", Figures[i].Name, a, b), Figures[i], a, b, 1.5, strings.Contains(k, "watch"))
 		}
 	}
 	i := slices.IndexFunc(Figures, func(f Figure) bool { return f.Key == "add_bytes" })
-	growth("42.1 etcd bytes per ADD, N=10->1000", Figures[i], 10, 1000, 1.2)
+	growth("42.1 etcd bytes per ADD, N=10->1000", Figures[i], 10, 1000, 1.2, false)
 	for _, r := range rs {
 		if r.StartStaggered > 0 {
 			out = append(out, Verdict{Target: fmt.Sprintf("42.3 simultaneous start, N=%d", r.N),
@@ -155,13 +165,29 @@ func Verdicts(rs []Result) []Verdict {
 		}
 		out = append(out, Verdict{Target: fmt.Sprintf("42.3 simultaneous start, N=%d", r.N), Figure: float64(r.StartFailed),
 			Met:    r.StartFailed == 0 && r.StartDupes == 0,
-			Detail: fmt.Sprintf("%d of %d first ADDs failed, %d duplicates, last success after %.2fs", r.StartFailed, r.N, r.StartDupes, r.StartLast)})
+			Detail: fmt.Sprintf("%d of %d first ADDs failed, %d duplicates, last success after %.2fs; %s", r.StartFailed, r.N, r.StartDupes, r.StartLast, fullOf(r))})
 	}
 	for _, r := range rs {
 		out = append(out, Verdict{Target: fmt.Sprintf("no duplicate, nothing leaked, N=%d", r.N), Met: r.Findings.OK() && r.Findings.Allocated > 0,
 			Detail: r.Findings.String()})
 	}
 	return out
+}
+
+// fullShare is the share of r's hosts that ran the whole agent.
+func fullShare(r Result) float64 {
+	if r.Full == 0 {
+		return 1
+	}
+	return float64(r.Full) / float64(r.N)
+}
+
+// fullOf says how many of r's hosts ran the whole agent.
+func fullOf(r Result) string {
+	if r.Full == 0 {
+		return "every agent whole"
+	}
+	return fmt.Sprintf("%d of %d agents whole, the others hollow", r.Full, r.N)
 }
 
 func sizes(rs []Result) []int {

@@ -27,12 +27,15 @@ func (p Phase) PerHost(v float64) float64 { return v / float64(max(p.Hosts, 1)) 
 
 // Result is one size's run.
 type Result struct {
-	Label   string  `json:"label"`
-	Commit  string  `json:"commit,omitempty"`
-	N       int     `json:"n"`
-	Members int     `json:"members"`
-	PerHost int     `json:"perHost"`
-	Phases  []Phase `json:"phases"`
+	Label   string `json:"label"`
+	Commit  string `json:"commit,omitempty"`
+	N       int    `json:"n"`
+	Members int    `json:"members"`
+	PerHost int    `json:"perHost"`
+	// Full is how many of the N hosts ran the whole agent (Options.Full;
+	// 0: all of them).
+	Full   int     `json:"full,omitempty"`
+	Phases []Phase `json:"phases"`
 	// Start: all N first ADDs at once.
 	StartFailed int      `json:"startFailed"`
 	StartErrors []string `json:"startErrors,omitempty"`
@@ -149,6 +152,9 @@ func Scale(c *Cluster, label string) (Result, error) {
 		return Result{}, fmt.Errorf("scale: N=%d: the phases need at least 4 hosts", n)
 	}
 	r := Result{Label: label, N: n, Members: opt.Members, PerHost: opt.PerHost}
+	if opt.Full > 0 && opt.Full < n {
+		r.Full = opt.Full
+	}
 	ctx := context.Background()
 	probe := 0
 	leaver, orphan := n-1, n-2
