@@ -266,7 +266,8 @@ func Scale(c *Cluster, label string) (Result, error) {
 			for i, h := range hosts {
 				j := job{h: h}
 				switch {
-				case k == 1:
+				case k == 1 && !h.Hollow:
+					// Not on hollow hosts (Options.Full): nftables.
 					j.port, j.mode = 9100, "host"
 				case k == 2 && i < 10:
 					j.port, j.mode = 30000+i, "ingress"
