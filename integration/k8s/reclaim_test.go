@@ -37,9 +37,9 @@ const reclaimTimeout = 3 * time.Minute
 // NodeDeleted runs it outside the cluster).
 var agentBin string
 
-// agentLog is the DaemonSet's agents' logs, as kubelet keeps them (every
+// agentLog is the DaemonSet's agents' logs on the node, as kubelet keeps them (every
 // pod the DaemonSet had).
-func (c *cluster) agentLog() string {
+func (c *kubeNode) agentLog() string {
 	files, _ := filepath.Glob(filepath.Join(c.hostDir("/var/log/pods"), installNS+"_*", "ringipamd", "*.log"))
 	var b strings.Builder
 	for _, f := range files {
@@ -125,7 +125,8 @@ func (c *cluster) storeAs(t *testing.T, host string) (*pool.Allocator, *portallo
 
 // startAgentB runs ringipamd for host name outside the cluster (in the
 // node's network namespace): it holds the host's liveness and marks it a
-// Kubernetes node, and neither leads nor forwards.
+// Kubernetes node, and neither leads nor forwards. Its apiserver account
+// is the DaemonSet's (a token of the manifest's ServiceAccount).
 func (c *cluster) startAgentB(t *testing.T, name string) *proc {
 	t.Helper()
 	d := filepath.Join(c.dir, name)
@@ -135,7 +136,7 @@ func (c *cluster) startAgentB(t *testing.T, name string) *proc {
 		"--etcd-ca="+c.etcdTLS.CA, "--etcd-cert="+c.etcdTLS.Cert, "--etcd-key="+c.etcdTLS.Key,
 		"--agent-socket="+filepath.Join(d, "a.sock"), "--del-queue="+filepath.Join(d, "delq"),
 		"--listen=off", "--ingress=false", "--sweep=false", "--heartbeat=2s",
-		"--kube-reclaim-nodes", "--kubeconfig="+filepath.Join(c.dir, "kubeconfig"))
+		"--kube-reclaim-nodes", "--kubeconfig="+c.agentKubeconfig(t))
 	t.Cleanup(func() { p.Stop(stopTimeout) })
 	if err := c.poll(reclaimTimeout, func(context.Context) (bool, error) {
 		if err := p.ExitErr(); err != nil {
