@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -129,6 +130,8 @@ type kubeNode struct {
 	procs  map[string]*proc
 	// args are the node's components' arguments (restartProc).
 	args map[string][]string
+	// down says the node was torn down (teardown runs once).
+	down bool
 }
 
 // hostDir is where path of the node's file system (one of the directories
@@ -228,6 +231,9 @@ func (c *cluster) attach(t *testing.T, n *kubeNode) {
 // its pods with it.
 func (c *cluster) addNode(t *testing.T, name, ip string, images ...string) *kubeNode {
 	t.Helper()
+	if !slices.Contains(kubeletNodes, name) {
+		t.Fatalf("addNode %s: not one of kubeletNodes %v, which have their kubelet's token in the apiserver's token file", name, kubeletNodes)
+	}
 	dir := filepath.Join(c.dir, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -268,19 +274,65 @@ func (c *cluster) addNode(t *testing.T, name, ip string, images ...string) *kube
 	return n
 }
 
+// kubeletNodes are the names of every node a kubelet of the suite runs
+// (node A, the flat network's B and C): each has its token in the
+// apiserver's token file, which is read once, at its start.
+var kubeletNodes = []string{nodeName, nodeBName, nodeCName}
+
+// The identities of the control plane's components, as a real cluster's
+// (kubeadm's): the names the apiserver's bootstrap RBAC policy binds
+// system:kube-controller-manager and system:kube-scheduler (and their
+// volume and authentication-reader roles) to.
+const (
+	controllerManagerUser = "system:kube-controller-manager"
+	schedulerUser         = "system:kube-scheduler"
+	adminUser             = "admin"
+)
+
+// kubeconfigOf is the kubeconfig file of a component's identity in the
+// cluster's dir: "kubeconfig" is the test's own (admin), the others are
+// "kubeconfig-<name>".
+func (c *cluster) kubeconfigOf(name string) string {
+	if name == adminUser {
+		return filepath.Join(c.dir, "kubeconfig")
+	}
+	return filepath.Join(c.dir, "kubeconfig-"+name)
+}
+
+// kubeletUser is the user kubelet of node runs as: what the Node
+// authorizer and the NodeRestriction admission plugin recognise.
+func kubeletUser(node string) string { return "system:node:" + node }
+
 // writeCredentials writes the apiserver's token file, the service-account
-// signing key and the kubeconfig every component uses.
+// signing key and one kubeconfig per identity: each kubelet as
+// system:node:<its node> in system:nodes (the Node authorizer limits it to
+// its node and its pods' objects), the controller manager and the
+// scheduler under their bootstrap names, the test as an admin
+// (system:masters; also ringctl's and the stand-in agent's setup). The
+// DaemonSet's pods run with the manifest's ServiceAccount, its tokens
+// issued by the apiserver.
 func (c *cluster) writeCredentials(t *testing.T) {
 	t.Helper()
-	c.token = testenv.WriteKubeCredentials(t, c.dir, "https://"+net.JoinHostPort(nodeIP, apiPort), "")
+	users := []testenv.KubeUser{
+		{Name: adminUser, Groups: []string{"system:masters"}, Kubeconfig: filepath.Base(c.kubeconfigOf(adminUser))},
+		{Name: controllerManagerUser, Kubeconfig: filepath.Base(c.kubeconfigOf("kube-controller-manager"))},
+		{Name: schedulerUser, Kubeconfig: filepath.Base(c.kubeconfigOf("kube-scheduler"))},
+	}
+	for _, n := range kubeletNodes {
+		users = append(users, testenv.KubeUser{Name: kubeletUser(n), Groups: []string{"system:nodes"}, Kubeconfig: filepath.Base(c.kubeconfigOf("kubelet-" + n))})
+	}
+	c.token = testenv.WriteKubeUsers(t, c.dir, c.apiServer(), users...)[adminUser]
 }
+
+// apiServer is the apiserver's URL, on node A's address.
+func (c *cluster) apiServer() string { return "https://" + net.JoinHostPort(nodeIP, apiPort) }
 
 // restConfig is the test's client configuration: the admin token, the
 // apiserver's self-signed certificate not verified, connections made from
 // inside the node's namespace.
 func (c *cluster) restConfig() *rest.Config {
 	return &rest.Config{
-		Host:            "https://" + net.JoinHostPort(nodeIP, apiPort),
+		Host:            c.apiServer(),
 		BearerToken:     c.token,
 		TLSClientConfig: rest.TLSClientConfig{Insecure: true},
 		Dial:            c.node.DialContext,
@@ -299,7 +351,11 @@ func (c *cluster) startControlPlane(t *testing.T) {
 		"--bind-address=0.0.0.0", "--secure-port="+apiPort, "--advertise-address="+nodeIP,
 		"--cert-dir="+filepath.Join(d, "apiserver"),
 		"--token-auth-file="+filepath.Join(d, "tokens.csv"),
-		"--authorization-mode=AlwaysAllow",
+		// As a real cluster: kubelets authorized by the Node authorizer
+		// (and kept to their own Node and pods by NodeRestriction),
+		// everyone else, the DaemonSet's service account too, by RBAC.
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
 		"--service-account-issuer=https://kubernetes.default.svc",
 		"--service-account-key-file="+filepath.Join(d, "sa.pub"),
 		"--service-account-signing-key-file="+filepath.Join(d, "sa.key"),
@@ -321,12 +377,15 @@ func (c *cluster) startControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kube-apiserver not ready: %v\n%s", err, c.procs["kube-apiserver"].Tail(30))
 	}
-	kubeconfig := "--kubeconfig=" + filepath.Join(d, "kubeconfig")
-	c.startProc(t, "kube-controller-manager", false, kubeconfig, "--leader-elect=false",
+	// The controller manager's controllers each under a service account
+	// of their own (kube-system's, bound by the bootstrap policy), as
+	// kubeadm runs it: its own identity alone may not create pods.
+	c.startProc(t, "kube-controller-manager", false, "--kubeconfig="+c.kubeconfigOf("kube-controller-manager"), "--leader-elect=false",
+		"--use-service-account-credentials",
 		"--root-ca-file="+filepath.Join(d, "apiserver", "apiserver.crt"),
 		"--service-account-private-key-file="+filepath.Join(d, "sa.key"),
 		"--cert-dir="+filepath.Join(d, "kcm"))
-	c.startProc(t, "kube-scheduler", false, kubeconfig, "--leader-elect=false",
+	c.startProc(t, "kube-scheduler", false, "--kubeconfig="+c.kubeconfigOf("kube-scheduler"), "--leader-elect=false",
 		"--cert-dir="+filepath.Join(d, "scheduler"))
 }
 
@@ -422,7 +481,7 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", nodefs.inodesFr
 	}
 	n.startProc(t, "kubelet", true,
 		"--config="+filepath.Join(d, "kubelet.yaml"),
-		"--kubeconfig="+filepath.Join(c.dir, "kubeconfig"),
+		"--kubeconfig="+c.kubeconfigOf("kubelet-"+n.name),
 		"--root-dir="+filepath.Join(d, "kubelet"),
 		"--cert-dir="+filepath.Join(d, "kubelet-pki"),
 		"--hostname-override="+n.name,
@@ -598,8 +657,14 @@ func (c *cluster) teardown(t *testing.T) {
 // teardown stops the node: kubelet first, then every process left in the
 // pods' cgroups, containerd and its shims, the kubelet's root-dir mounts,
 // the mount namespace, the pods' cgroups. What does not end on SIGTERM is
-// killed and reported. It can run once only.
+// killed and reported. Its processes are gone as when the machine loses
+// power: the pods' containers are killed, nobody sends their DELs. Once
+// down, the node stays down: a second call does nothing.
 func (c *kubeNode) teardown(t *testing.T) {
+	if c.down {
+		return
+	}
+	c.down = true
 	if !c.procs["kubelet"].Stop(stopTimeout) {
 		t.Errorf("kubelet of %s ignored SIGTERM for %v; killed", c.name, stopTimeout)
 	}

@@ -5,11 +5,13 @@ package k8s
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +19,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ringipam/ringipam/integration/netns"
@@ -47,8 +50,8 @@ const flatTimeout = 2 * time.Minute
 // masquerade between pods). A pod on node C with hostPort 38080 answers a
 // pod on node A at node C's address; a pod on node C publishing port 80
 // in ingress mode (the annotation ringipam.io/publish) answers a pod on
-// node A at every node's address. B and C leave at the end (stopped, their
-// Nodes deleted).
+// node A at every node's address. Then node C goes as a machine that
+// loses power (NodeGone). B leaves at the end (stopped, its Node deleted).
 func testFlatNetwork(t *testing.T, c *cluster) {
 	ctx := context.Background()
 	// The DaemonSet's image as it runs now (a rolling update may have
@@ -156,8 +159,21 @@ func testFlatNetwork(t *testing.T, c *cluster) {
 	}
 	t.Logf("from %s: hostPort %d of %s at %s, ingress port %d of %s at %s, %s and %s", c.name, hostPort, nc.name, nc.ip, ingressPort, nc.name, c.ip, nb.ip, nc.ip)
 
+	// Node C goes, with its three pods' addresses and its two ports.
+	cPods := []corev1.Pod{byNode[nc.name]}
+	for _, name := range []string{hp.Name, in.Name} {
+		p, err := c.cs.CoreV1().Pods(testNS).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cPods = append(cPods, *p)
+	}
+	if !t.Run("NodeGone", func(t *testing.T) { testNodeGone(t, c, nc, []*kubeNode{c.kubeNode, nb}, cPods) }) {
+		t.FailNow()
+	}
+
 	for _, p := range []string{hp.Name, in.Name} {
-		if err := c.cs.CoreV1().Pods(testNS).Delete(ctx, p, metav1.DeleteOptions{}); err != nil {
+		if err := c.cs.CoreV1().Pods(testNS).Delete(ctx, p, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			t.Fatal(err)
 		}
 	}
@@ -258,4 +274,170 @@ func getFrom(ns *netns.NS, addr string) (string, error) {
 	conn.SetDeadline(time.Now().Add(3 * time.Second))
 	line, err := bufio.NewReader(conn).ReadString('\n')
 	return strings.TrimSpace(line), err
+}
+
+// portRow is one published port of `ringctl --json ports`.
+type portRow struct {
+	Mode string `json:"mode"`
+	Port uint16 `json:"port"`
+	Host string `json:"host"`
+}
+
+// portsOf lists the ports published on host (host ports bound there,
+// ingress ports it serves).
+func (c *cluster) portsOf(t *testing.T, host string) []portRow {
+	t.Helper()
+	var rows, out []portRow
+	b := c.ringctl(t, "--json", "ports")
+	if err := json.Unmarshal(b, &rows); err != nil {
+		t.Fatalf("ringctl --json ports: %v\n%s", err, b)
+	}
+	for _, r := range rows {
+		if r.Host == host {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// routesVia lists the routes of n's routing table of the agent's
+// (--routes, routesTable) whose gateway is via.
+func (n *kubeNode) routesVia(t *testing.T, via string) []string {
+	t.Helper()
+	out, err := n.node.Run("ip", "-4", "route", "show", "table", strconv.Itoa(routesTable))
+	if err != nil {
+		t.Fatalf("ip route show table %d on %s: %v: %s", routesTable, n.name, err, out)
+	}
+	var rs []string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, " via "+via+" ") {
+			rs = append(rs, strings.TrimSpace(l))
+		}
+	}
+	return rs
+}
+
+// routesTable is the agent's routing table (ringipamd --routes-table's
+// default, which the manifest keeps).
+const routesTable = 4212
+
+// nodeGoneState is what the store and the other nodes hold of a node.
+type nodeGoneState struct {
+	host   hostStatus
+	owners []addrRow
+	ports  []portRow
+	routes map[string][]string // by the other node's name: its routes via the node
+}
+
+func (c *cluster) stateOf(t *testing.T, n *kubeNode, others []*kubeNode) nodeGoneState {
+	t.Helper()
+	h, ok := c.hostState(t, n.name)
+	if !ok {
+		t.Fatalf("ringctl status does not list host %s", n.name)
+	}
+	s := nodeGoneState{host: h, owners: c.ownedBy(t, n.name), ports: c.portsOf(t, n.name), routes: map[string][]string{}}
+	for _, o := range others {
+		s.routes[o.name] = o.routesVia(t, n.ip)
+	}
+	return s
+}
+
+// testNodeGone: node C (a kubelet node with three pods: one of the flat
+// Deployment, the hostPort pod, the ingress pod) stops as a machine that
+// loses power (kubelet, its pods, the agent's pod with them, containerd:
+// no DEL is sent). While its Node exists it keeps everything (its host
+// down in the store once the agent's lease expires, a node NotReady
+// until orphanAfter): its ranges, its three owners, its two ports, the
+// other nodes' routes to its ranges. Its Node is deleted: the leader
+// reclaims its host at once, without the orphanAfter wait: its ranges
+// tombstoned (ringctl status: orphaned, no range), its owners and ports
+// released, the other nodes' routes via its address gone.
+func testNodeGone(t *testing.T, c *cluster, gone *kubeNode, others []*kubeNode, pods []corev1.Pod) {
+	ctx := context.Background()
+	before := c.stateOf(t, gone, others)
+	// Positive controls: what must go is there first.
+	held := map[string]bool{}
+	for _, r := range before.owners {
+		held[r.Addr.String()] = true
+	}
+	for _, p := range pods {
+		if !held[p.Status.PodIP] {
+			t.Fatalf("pod %s's address %s not an owner on host %s: %+v", p.Name, p.Status.PodIP, gone.name, before.owners)
+		}
+	}
+	published := map[uint16]string{}
+	for _, p := range before.ports {
+		published[p.Port] = p.Mode
+	}
+	if published[hostPort] != "host" || published[ingressPort] != "ingress" {
+		t.Fatalf("%s publishes %+v; want host port %d and ingress port %d", gone.name, before.ports, hostPort, ingressPort)
+	}
+	if before.host.State != "up" || before.host.Ranges == 0 {
+		t.Fatalf("host %s before: %+v; want up with ranges", gone.name, before.host)
+	}
+	for _, o := range others {
+		if len(before.routes[o.name]) == 0 {
+			t.Fatalf("%s has no route via %s's address %s in table %d", o.name, gone.name, gone.ip, routesTable)
+		}
+	}
+	t.Logf("%s before: %d ranges, owners %d, ports %+v, routes via %s: %v", gone.name, before.host.Ranges, len(before.owners), before.ports, gone.ip, before.routes)
+
+	// Power lost: its agent's liveness lease expires, its host is down.
+	gone.teardown(t)
+	if err := c.poll(reclaimTimeout, func(context.Context) (bool, error) {
+		h, _ := c.hostState(t, gone.name)
+		return h.State != "up", nil
+	}); err != nil {
+		t.Fatalf("host %s still up after its node stopped: %v", gone.name, err)
+	}
+	down := c.stateOf(t, gone, others)
+	if down.host.Ranges != before.host.Ranges || !down.host.OrphanedAt.IsZero() || len(down.owners) != len(before.owners) || len(down.ports) != len(before.ports) {
+		t.Errorf("%s down, its Node still there: %+v, %d owners, ports %+v; want everything kept: %+v, %d owners, ports %+v",
+			gone.name, down.host, len(down.owners), down.ports, before.host, len(before.owners), before.ports)
+	}
+	for _, o := range others {
+		if !slices.Equal(down.routes[o.name], before.routes[o.name]) {
+			t.Errorf("%s's routes via %s changed while it is only down: %v, were %v", o.name, gone.ip, down.routes[o.name], before.routes[o.name])
+		}
+	}
+	t.Logf("%s down (%s), its Node there: everything kept", gone.name, down.host.State)
+
+	// Its Node deleted: reclaimed at once.
+	start := time.Now()
+	c.deleteNode(t, gone.name)
+	var after nodeGoneState
+	if err := c.poll(reclaimTimeout, func(context.Context) (bool, error) {
+		after = c.stateOf(t, gone, others)
+		for _, rs := range after.routes {
+			if len(rs) > 0 {
+				return false, nil
+			}
+		}
+		return !after.host.OrphanedAt.IsZero() && after.host.Ranges == 0 && len(after.owners) == 0 && len(after.ports) == 0, nil
+	}); err != nil {
+		t.Fatalf("%s not reclaimed after its Node's deletion: %v; status %+v, owners %+v, ports %+v, routes via %s %v\n%s",
+			gone.name, err, after.host, after.owners, after.ports, gone.ip, after.routes, lastLines(others[0].agentLog(), 30))
+	}
+	logged := false
+	for _, o := range others {
+		log := o.agentLog()
+		logged = logged || strings.Contains(log, "reclaimed the host of a deleted Node") && strings.Contains(log, "node="+gone.name)
+	}
+	if !logged {
+		t.Errorf("no agent logged the reclaim of %s:\n%s", gone.name, lastLines(others[0].agentLog(), 30))
+	}
+	t.Logf("%s reclaimed %v after its Node's deletion: state %s, orphaned at %s, no range, owner, port or route left",
+		gone.name, time.Since(start).Round(100*time.Millisecond), after.host.State, after.host.OrphanedAt.UTC().Format(time.TimeOnly))
+
+	// Its pods' objects: deleted at once (no kubelet confirms them).
+	zero := int64(0)
+	list, err := c.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + gone.name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range list.Items {
+		if err := c.cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting pod %s/%s of %s: %v", p.Namespace, p.Name, gone.name, err)
+		}
+	}
 }

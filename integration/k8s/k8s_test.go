@@ -4,7 +4,10 @@
 // cluster: kube-apiserver (on the suite's etcd),
 // kube-controller-manager, kube-scheduler and kubelet at the version
 // tools/k8s pins (built by scripts/build-k8s.sh into .cache/bin/k8s), on a
-// private containerd 1.6 (cluster_test.go). The suite builds ringipam's
+// private containerd 1.6 (cluster_test.go), authorized as a real cluster
+// is (Node,RBAC and NodeRestriction; each component its own identity),
+// so the DaemonSet's agents run with only what the manifest's RBAC grants
+// their ServiceAccount (rbac_test.go checks it). The suite builds ringipam's
 // image with scripts/build-image.sh and the pause image (package
 // integration/pause), imports both into the node's containerd (nothing is
 // pulled), applies the manifest through the apiserver with client-go
@@ -16,8 +19,10 @@
 // pod vanish behind the kubelet's back (its address released by the
 // agent after the grace), joins two more kubelets (each node a network
 // namespace on one LAN: flat_test.go) whose pods reach the first node's
-// by pod IP through the agents' --routes, and deletes the manifest again
-// (the hook removes them).
+// by pod IP through the agents' --routes, stops the third as a machine
+// that loses power and deletes its Node (its host reclaimed at once: its
+// ranges, owners, ports and the other nodes' routes to it gone), and
+// deletes the manifest again (the hook removes them).
 //
 // Runs as root. Under CI (the CI variable set) a missing binary fails the
 // suite instead of skipping it.
@@ -140,6 +145,7 @@ func TestKubernetes(t *testing.T) {
 		name string
 		fn   func(t *testing.T, c *cluster)
 	}{
+		{"RBAC", testRBAC},
 		{"Deployment", testDeployment},
 		{"StatefulSet", testStatefulSet},
 		{"HostPort", testHostPort},

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,6 +22,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/ringipam/ringipam/integration/netns"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/portalloc"
 	"github.com/ringipam/ringipam/pkg/store/etcd"
@@ -37,9 +39,9 @@ const reclaimTimeout = 3 * time.Minute
 // NodeDeleted runs it outside the cluster).
 var agentBin string
 
-// agentLog is the DaemonSet's agents' logs, as kubelet keeps them (every
+// agentLog is the DaemonSet's agents' logs on the node, as kubelet keeps them (every
 // pod the DaemonSet had).
-func (c *cluster) agentLog() string {
+func (c *kubeNode) agentLog() string {
 	files, _ := filepath.Glob(filepath.Join(c.hostDir("/var/log/pods"), installNS+"_*", "ringipamd", "*.log"))
 	var b strings.Builder
 	for _, f := range files {
@@ -125,7 +127,8 @@ func (c *cluster) storeAs(t *testing.T, host string) (*pool.Allocator, *portallo
 
 // startAgentB runs ringipamd for host name outside the cluster (in the
 // node's network namespace): it holds the host's liveness and marks it a
-// Kubernetes node, and neither leads nor forwards.
+// Kubernetes node, and neither leads nor forwards. Its apiserver account
+// is the DaemonSet's (a token of the manifest's ServiceAccount).
 func (c *cluster) startAgentB(t *testing.T, name string) *proc {
 	t.Helper()
 	d := filepath.Join(c.dir, name)
@@ -135,7 +138,7 @@ func (c *cluster) startAgentB(t *testing.T, name string) *proc {
 		"--etcd-ca="+c.etcdTLS.CA, "--etcd-cert="+c.etcdTLS.Cert, "--etcd-key="+c.etcdTLS.Key,
 		"--agent-socket="+filepath.Join(d, "a.sock"), "--del-queue="+filepath.Join(d, "delq"),
 		"--listen=off", "--ingress=false", "--sweep=false", "--heartbeat=2s",
-		"--kube-reclaim-nodes", "--kubeconfig="+filepath.Join(c.dir, "kubeconfig"))
+		"--kube-reclaim-nodes", "--kubeconfig="+c.agentKubeconfig(t))
 	t.Cleanup(func() { p.Stop(stopTimeout) })
 	if err := c.poll(reclaimTimeout, func(context.Context) (bool, error) {
 		if err := p.ExitErr(); err != nil {
@@ -324,6 +327,12 @@ func testVanishedPods(t *testing.T, c *cluster) {
 	})
 	addr := vanish.Status.PodIP
 	t.Logf("vanish holds %s, creating holds %s", addr, creating.Status.PodIP)
+	// The node's end of vanish's veth: removed with the sandbox below, as
+	// when the sandbox's network namespace is gone (a reboot). Left on the
+	// pods' bridge, it would keep answering ARP for the released address,
+	// which another node may be given next (FlatNetwork), and refuse its
+	// connections.
+	vanishVeth := c.nodeVeth(t, c.podNetNS(t, *vanish))
 
 	// Behind the kubelet's back.
 	if !c.procs["kubelet"].Stop(stopTimeout) {
@@ -339,6 +348,9 @@ func testVanishedPods(t *testing.T, c *cluster) {
 		if out, err := c.ctr(t, "containers", "delete", id); err != nil {
 			t.Fatalf("ctr containers delete %s: %v: %s", id, err, out)
 		}
+	}
+	if out, err := c.node.Run("ip", "link", "del", vanishVeth); err != nil && !strings.Contains(out, "Cannot find device") {
+		t.Fatalf("removing vanish's veth %s: %v: %s", vanishVeth, err, out)
 	}
 	if !c.procs["containerd"].Stop(stopTimeout) {
 		t.Errorf("containerd ignored SIGTERM")
@@ -421,4 +433,26 @@ func (c *cluster) waitKubelet(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("kubelet not serving, node %s not Ready after kubelet's restart: %v\n%s", nodeName, err, c.procs["kubelet"].Tail(20))
 	}
+}
+
+// nodeVeth is the name of the node's end of the veth whose other end is
+// eth0 of the pod's network namespace ns.
+func (c *kubeNode) nodeVeth(t *testing.T, ns *netns.NS) string {
+	t.Helper()
+	out, err := exec.Command("nsenter", "--net="+ns.Path, "ip", "-o", "link", "show", "eth0").CombinedOutput()
+	m := regexp.MustCompile(`eth0@if(\d+):`).FindSubmatch(out)
+	if err != nil || m == nil {
+		t.Fatalf("eth0 of %s: %v: %s", ns.Name, err, out)
+	}
+	links, err := c.node.Run("ip", "-o", "link", "show")
+	if err != nil {
+		t.Fatalf("links of %s: %v: %s", c.name, err, links)
+	}
+	for _, l := range strings.Split(links, "\n") {
+		if f := strings.Fields(l); len(f) > 1 && f[0] == string(m[1])+":" {
+			return strings.TrimSuffix(strings.SplitN(f[1], "@", 2)[0], ":")
+		}
+	}
+	t.Fatalf("no link %s on %s (the peer of %s's eth0):\n%s", m[1], c.name, ns.Name, links)
+	return ""
 }
