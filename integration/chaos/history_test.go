@@ -463,36 +463,53 @@ func distinctDuplicates(ds []duplicate) int {
 // returned it before this call was invoked, and the other had not yet been
 // asked to give it up (DEL or release) when this call returned.
 func duplicatesSeen(calls []call) []duplicate {
-	return clashesSeen(calls, func(c call) string { return c.Addr.String() })
+	return clashesSeen(calls, func(c call) string { return c.Addr.String() }, false)
 }
 
 // clashesSeen is duplicatesSeen for what key names of a successful ADD (an
-// address, or a published port).
-func clashesSeen(calls []call, key func(call) string) []duplicate {
+// address, or a published port). With failedAddEnds, an owner's tenure
+// also ends when a failed ADD of it is invoked, and a successful ADD after
+// that starts a new one: portmap-ingress's ADD that cannot install its
+// forwards releases the attachment's ports, those of an earlier ADD of
+// the same attachment too (a failed ADD leaves nothing; the runtime DELs
+// it next), so after a failed ADD the owner no longer certainly holds
+// what an earlier one returned. ipam-ring's failed ADD releases nothing
+// it held before: addresses keep the stricter rule.
+func clashesSeen(calls []call, key func(call) string, failedAddEnds bool) []duplicate {
 	type tenure struct {
 		owner      string
 		from, till int64 // from: first definite ADD return; till: first DEL/release call
 		what       string
 	}
-	byOwner := map[string]*tenure{}
+	var tenures []*tenure
+	current := map[string]*tenure{} // each owner's latest tenure
 	sorted := slices.Clone(calls)
 	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].Call < sorted[j].Call })
+	end := func(owner string, at int64) {
+		if t, ok := current[owner]; ok && (t.till < 0 || at < t.till) {
+			t.till = at
+		}
+	}
 	for _, c := range sorted {
 		switch {
 		case c.Verb == verbAdd && c.Outcome == outOK:
-			if t, ok := byOwner[c.Owner]; !ok {
-				byOwner[c.Owner] = &tenure{owner: c.Owner, from: c.Return, till: -1, what: key(c)}
-			} else if c.Return < t.from {
+			t, ok := current[c.Owner]
+			switch {
+			case !ok || failedAddEnds && t.till >= 0:
+				t = &tenure{owner: c.Owner, from: c.Return, till: -1, what: key(c)}
+				current[c.Owner] = t
+				tenures = append(tenures, t)
+			case c.Return < t.from:
 				t.from = c.Return
 			}
+		case c.Verb == verbAdd && failedAddEnds:
+			end(c.Owner, c.Call)
 		case c.Verb == verbDel || c.Verb == verbRelease:
-			if t, ok := byOwner[c.Owner]; ok && (t.till < 0 || c.Call < t.till) {
-				t.till = c.Call
-			}
+			end(c.Owner, c.Call)
 		}
 	}
 	byWhat := map[string][]*tenure{}
-	for _, t := range byOwner {
+	for _, t := range tenures {
 		byWhat[t.what] = append(byWhat[t.what], t)
 	}
 	var out []duplicate

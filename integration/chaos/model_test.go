@@ -147,6 +147,18 @@ func TestChaosPortJudge(t *testing.T) {
 			after: holds(), forwards: fwd1, live: live1, size: 2}, want{published: 1, lost: 1}},
 		{"a replay that moved the port", portRun{calls: []call{add("cni/o1", 0, 1, outOK, q), add("cni/o1", 2, 3, outOK, p)},
 			after: holds("cni/o1", p), forwards: fwd1, live: live1, size: 2}, want{published: 1, lost: 1}},
+		// portmap-ingress's failed ADD releases what the attachment held
+		// (its forwards could not be installed): the port is free for
+		// another owner, and the next ADD may return another one.
+		{"a failed repeated ADD released the port", portRun{calls: []call{add("cni/o2", 0, 1, outOK, p), add("cni/o2", 2, 3, outAmbiguous, portalloc.Address{}),
+			add("cni/o1", 4, 5, outOK, p), add("cni/o2", 6, 7, outOK, q)},
+			after:    holds("cni/o1", p, "cni/o2", q),
+			forwards: map[string]map[string][]portmap.Rule{"h0": {"cni/o1": {rule(p, ip)}, "cni/o2": {rule(q, ip)}}},
+			live:     map[string]livePort{"cni/o1": {port: p, host: "h0", addr: ip}, "cni/o2": {port: q, host: "h0", addr: ip}}, size: 2},
+			want{published: 2}},
+		{"two owners, the first one's failed ADD after", portRun{calls: []call{add("cni/o2", 0, 1, outOK, p), add("cni/o1", 2, 3, outOK, p),
+			add("cni/o2", 4, 5, outAmbiguous, portalloc.Address{})},
+			after: holds("cni/o1", p), forwards: fwd1, live: live1, size: 2}, want{published: 2, duplicates: 1}},
 		{"a live port without its forward", portRun{calls: []call{add("cni/o1", 0, 1, outOK, p)},
 			after: holds("cni/o1", p), forwards: map[string]map[string][]portmap.Rule{"h0": {"cni/o1": {rule(p, mustAddr("198.19.0.3"))}}},
 			live: live1, size: 2}, want{published: 1, lost: 1}},

@@ -157,15 +157,17 @@ type portVerdict struct {
 // judgePorts checks a run's published ports:
 //
 //   - duplicates: a port two owners held, in the history (an ADD returned a
-//     port while another owner certainly held it) or in either reading of
+//     port while another owner certainly held it: from its ADD's return
+//     until its DEL, or its next failed ADD, was invoked) or in either reading of
 //     the store (two endpoint records list it, its key names two holders,
 //     or a record lists it while its key names another);
 //   - leaks: an owner that is no live attachment yet after GC still has an
 //     endpoint record, is named by an address key, or has a forward in its
 //     host's table;
 //   - lost: a live attachment that does not hold exactly the port its ADD
-//     returned (record, address key, host), whose ADDs returned different
-//     ports, or whose forward to its address is missing;
+//     returned (record, address key, host), whose ADDs since its last
+//     failed one returned different ports, or whose forward to its address
+//     is missing;
 //   - unclear: a failed call that is no clear CNI error (11, 102) and was
 //     not killed;
 //   - false exhaustion: code 102 answered while fewer owners than the
@@ -176,7 +178,10 @@ func judgePorts(pr portRun) portVerdict {
 	calls := slices.Clone(pr.calls)
 	sort.SliceStable(calls, func(i, j int) bool { return calls[i].Call < calls[j].Call })
 
-	given := map[string][]portalloc.Address{} // what each owner's successful ADDs returned
+	// What each owner's successful ADDs returned since its last failed
+	// one (which released what the earlier ones returned: clashesSeen).
+	given := map[string][]portalloc.Address{}
+	seen := map[string]bool{}
 	for _, c := range calls {
 		v.counts[c.Verb]++
 		if c.Killed {
@@ -190,9 +195,13 @@ func judgePorts(pr portRun) portVerdict {
 			v.unclear++
 			note("unclear port failure: %+v", c)
 		}
+		if c.Verb == verbAdd && c.Outcome != outOK {
+			delete(given, c.Owner)
+		}
 		if c.Verb == verbAdd && c.Outcome == outOK {
-			if _, ok := given[c.Owner]; !ok {
+			if !seen[c.Owner] {
 				v.published++
+				seen[c.Owner] = true
 			}
 			if !slices.Contains(given[c.Owner], c.Port) {
 				given[c.Owner] = append(given[c.Owner], c.Port)
@@ -200,7 +209,7 @@ func judgePorts(pr portRun) portVerdict {
 		}
 	}
 
-	dups := append(clashesSeen(calls, func(c call) string { return c.Port.String() }), storePortDuplicates(pr.final, pr.after)...)
+	dups := append(clashesSeen(calls, func(c call) string { return c.Port.String() }, true), storePortDuplicates(pr.final, pr.after)...)
 	for _, d := range dups {
 		note("port duplicate: %s", d)
 	}
