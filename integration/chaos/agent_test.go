@@ -197,8 +197,9 @@ func (a *agent) emit(m agentMsg) {
 // it ADDs a new container (ipam-ring, then portmap-ingress with ipam-ring's
 // result); with one it either ADDs it again (both plugins, which must
 // return the same address and port) or DELs it. After a failed ADD of
-// either plugin it DELs the container, as runtimes do, until a DEL succeeds
-// (a bounded number of times). Container IDs are never reused.
+// either plugin, a replay's too, it DELs the container, as runtimes do,
+// until a DEL succeeds (a bounded number of times). Container IDs are
+// never reused.
 func (a *agent) work(w int) {
 	rng := rand.New(rand.NewPCG(a.cfg.Seed, uint64(w)))
 	client := a.cfg.Index*100 + w
@@ -227,8 +228,18 @@ func (a *agent) work(w int) {
 			continue
 		}
 		if rng.Float64() < 0.25 {
+			// A replay that fails is a failed ADD like any other: DELed,
+			// as runtimes do (portmap-ingress's failed ADD may have
+			// released the ports the first one returned).
+			ok := false
 			if c, res := a.invoke(client, false, "ADD", cur, nil, false, 0); c.Outcome == outOK {
-				a.invoke(client, true, "ADD", cur, res, false, 0)
+				pc, _ := a.invoke(client, true, "ADD", cur, res, false, 0)
+				ok = pc.Outcome == outOK
+			}
+			if !ok {
+				a.delUntilDone(client, cur)
+				a.setLive(cur, netip.Addr{}, portalloc.Address{})
+				cur = ""
 			}
 			continue
 		}
