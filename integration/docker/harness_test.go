@@ -38,6 +38,7 @@ import (
 	"github.com/ringipam/ringipam/docker-driver/driver"
 	"github.com/ringipam/ringipam/integration/cnitest"
 	"github.com/ringipam/ringipam/integration/netns"
+	"github.com/ringipam/ringipam/internal/testenv"
 	"github.com/ringipam/ringipam/pkg/pool"
 	"github.com/ringipam/ringipam/pkg/store"
 	etcdstore "github.com/ringipam/ringipam/pkg/store/etcd"
@@ -158,58 +159,18 @@ func unmountUnder(t *testing.T, dir string) {
 	}
 }
 
-// proc is a child process that is stopped gracefully (SIGTERM, then SIGKILL
-// after stopTimeout) and dies with the test binary (parent-death signal).
-type proc struct {
-	cmd    *exec.Cmd
-	exited chan struct{}
-	log    string
-}
-
-func startProc(t *testing.T, logPath string, argv ...string) *proc {
+// startProc starts argv, its output appended to logPath, as a process
+// that dies with the test binary (parent-death signal); stop it with
+// Stop(stopTimeout) (SIGTERM, then SIGKILL).
+func startProc(t *testing.T, logPath string, argv ...string) *testenv.Proc {
 	t.Helper()
-	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
 	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	p, err := testenv.StartProc(filepath.Base(argv[0]), logPath, cmd)
+	if err != nil {
 		t.Fatalf("start %v: %v", argv, err)
 	}
-	p := &proc{cmd: cmd, exited: make(chan struct{}), log: logPath}
-	go func() { _ = cmd.Wait(); close(p.exited) }()
 	return p
-}
-
-// stop ends the process gracefully if it still runs; it reports whether it
-// had to be killed.
-func (p *proc) stop() (killed bool) {
-	select {
-	case <-p.exited:
-		return false
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.exited:
-		return false
-	case <-time.After(stopTimeout):
-		_ = p.cmd.Process.Kill()
-		<-p.exited
-		return true
-	}
-}
-
-func (p *proc) running() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
 }
 
 func tail(path string, n int) string {
@@ -229,7 +190,7 @@ type dockerd struct {
 	name string
 	dir  string
 	ns   *netns.NS
-	p    *proc
+	p    *testenv.Proc
 	cfg  string // DOCKER_CONFIG of the CLI
 	// liveRestore is passed on the next start.
 	liveRestore bool
@@ -272,8 +233,8 @@ func (d *dockerd) start() {
 		if _, err := d.docker("version", "--format", "{{.Server.Version}}"); err == nil {
 			return
 		}
-		if !d.p.running() || time.Now().After(deadline) {
-			d.t.Fatalf("dockerd %s did not come up within %s; log:\n%s", d.name, startTimeout, tail(d.p.log, 30))
+		if d.p.ExitErr() != nil || time.Now().After(deadline) {
+			d.t.Fatalf("dockerd %s did not come up within %s; log:\n%s", d.name, startTimeout, tail(d.p.Log, 30))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -282,8 +243,8 @@ func (d *dockerd) start() {
 // restart stops dockerd gracefully and starts it again with liveRestore.
 func (d *dockerd) restart(liveRestore bool) {
 	d.t.Helper()
-	if d.p.stop() {
-		d.t.Fatalf("dockerd %s had to be killed; log:\n%s", d.name, tail(d.p.log, 30))
+	if !d.p.Stop(stopTimeout) {
+		d.t.Fatalf("dockerd %s had to be killed; log:\n%s", d.name, tail(d.p.Log, 30))
 	}
 	d.liveRestore = liveRestore
 	d.start()
@@ -293,7 +254,7 @@ func (d *dockerd) cleanup() {
 	if d.p == nil {
 		return
 	}
-	if d.p.running() {
+	if d.p.ExitErr() == nil {
 		if ids, err := d.docker("ps", "-aq"); err == nil && strings.TrimSpace(ids) != "" {
 			if out, err := d.docker(append([]string{"rm", "-f"}, strings.Fields(ids)...)...); err != nil {
 				d.t.Errorf("removing containers: %v\n%s", err, out)
@@ -303,11 +264,11 @@ func (d *dockerd) cleanup() {
 			d.t.Errorf("removing networks: %v\n%s", err, out)
 		}
 	}
-	if d.p.stop() {
+	if !d.p.Stop(stopTimeout) {
 		d.t.Errorf("dockerd %s had to be killed", d.name)
 	}
 	if d.t.Failed() {
-		d.t.Logf("dockerd %s log tail:\n%s", d.name, tail(d.p.log, 40))
+		d.t.Logf("dockerd %s log tail:\n%s", d.name, tail(d.p.Log, 40))
 	}
 }
 
@@ -377,7 +338,7 @@ type drv struct {
 	host  string
 	args  []string
 	log   string
-	p     *proc
+	p     *testenv.Proc
 	store storeSpec
 }
 
@@ -423,14 +384,14 @@ func startDriver(t *testing.T, host string, st storeSpec, extra ...string) *drv 
 		"--default-pool", "base=198.18.200.0/22,size=24"}, st.flags()...)
 	d.args = append(d.args, extra...)
 	t.Cleanup(func() {
-		if d.p != nil && d.p.stop() {
+		if d.p != nil && !d.p.Stop(stopTimeout) {
 			t.Errorf("driver %s had to be killed", d.name)
 		}
 		if err := os.Remove(driver.SocketPath(pluginDir, d.name)); err != nil && !os.IsNotExist(err) {
 			t.Errorf("driver socket: %v", err)
 		}
 		if t.Failed() && d.p != nil {
-			t.Logf("driver %s (%s) log tail:\n%s", d.name, host, tail(d.p.log, 40))
+			t.Logf("driver %s (%s) log tail:\n%s", d.name, host, tail(d.p.Log, 40))
 		}
 	})
 	d.log = filepath.Join(logDir, "driver.log")
@@ -456,8 +417,8 @@ func (d *drv) start() {
 				return
 			}
 		}
-		if !d.p.running() || time.Now().After(deadline) {
-			d.t.Fatalf("driver %s did not serve within %s; log:\n%s", d.name, startTimeout, tail(d.p.log, 30))
+		if d.p.ExitErr() != nil || time.Now().After(deadline) {
+			d.t.Fatalf("driver %s did not serve within %s; log:\n%s", d.name, startTimeout, tail(d.p.Log, 30))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -465,7 +426,7 @@ func (d *drv) start() {
 
 func (d *drv) restart() {
 	d.t.Helper()
-	if d.p.stop() {
+	if !d.p.Stop(stopTimeout) {
 		d.t.Fatalf("driver %s had to be killed", d.name)
 	}
 	d.start()

@@ -229,8 +229,8 @@ type knownHostsMemo struct {
 
 // recordedHosts are the hosts of the host records and liveness keys,
 // sorted by name. It is computed again only when one of the two copies
-// changed: the routes and ingress loops plan on every ring change, which
-// leaves both alone (a cluster filling up changes its rings often, and a
+// changed: the routes loop plans on every ring change, which leaves both
+// alone (a cluster filling up changes its rings often, and a
 // host's list is what grows with the cluster).
 func (a *Agent) recordedHosts() []pool.HostInfo {
 	m := &a.hostsMemo
