@@ -258,17 +258,7 @@ func (c *cluster) addNode(t *testing.T, name, ip string, images ...string) *kube
 		}
 		// Its pods (the DaemonSet's) are gone with it: deleted at once,
 		// not left to the pod GC's quarantine.
-		pods, err := c.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + name})
-		if err != nil {
-			t.Errorf("pods of %s: %v", name, err)
-			return
-		}
-		zero := int64(0)
-		for _, p := range pods.Items {
-			if err := c.cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
-				t.Errorf("deleting pod %s/%s of %s: %v", p.Namespace, p.Name, name, err)
-			}
-		}
+		c.deletePodsOf(ctx, t, name)
 	})
 	c.startNode(t, n, images...)
 	return n
@@ -302,6 +292,23 @@ func (c *cluster) kubeconfigOf(name string) string {
 // kubeletUser is the user kubelet of node runs as: what the Node
 // authorizer and the NodeRestriction admission plugin recognise.
 func kubeletUser(node string) string { return "system:node:" + node }
+
+// deletePodsOf deletes the pod objects of node at once (grace 0): no
+// kubelet of a gone node confirms their deletion.
+func (c *cluster) deletePodsOf(ctx context.Context, t *testing.T, node string) {
+	t.Helper()
+	pods, err := c.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		t.Errorf("pods of %s: %v", node, err)
+		return
+	}
+	zero := int64(0)
+	for _, p := range pods.Items {
+		if err := c.cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
+			t.Errorf("deleting pod %s/%s of %s: %v", p.Namespace, p.Name, node, err)
+		}
+	}
+}
 
 // writeCredentials writes the apiserver's token file, the service-account
 // signing key and one kubeconfig per identity: each kubelet as

@@ -430,14 +430,5 @@ func testNodeGone(t *testing.T, c *cluster, gone *kubeNode, others []*kubeNode, 
 		gone.name, time.Since(start).Round(100*time.Millisecond), after.host.State, after.host.OrphanedAt.UTC().Format(time.TimeOnly))
 
 	// Its pods' objects: deleted at once (no kubelet confirms them).
-	zero := int64(0)
-	list, err := c.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + gone.name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range list.Items {
-		if err := c.cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil && !apierrors.IsNotFound(err) {
-			t.Errorf("deleting pod %s/%s of %s: %v", p.Namespace, p.Name, gone.name, err)
-		}
-	}
+	c.deletePodsOf(ctx, t, gone.name)
 }
