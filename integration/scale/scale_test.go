@@ -63,6 +63,15 @@ func TestScale(t *testing.T) {
 				}
 				opt.Full = full
 			}
+			switch v := os.Getenv("SCALE_POOL"); v {
+			case "wide":
+				opt.WidePool = true
+			case "narrow":
+			case "":
+				opt.WidePool = n > 512
+			default:
+				t.Fatalf("SCALE_POOL: %q is neither wide nor narrow", v)
+			}
 			if v := os.Getenv("SCALE_START"); v != "" {
 				opt.StartConcurrency, _ = strconv.Atoi(v)
 			}

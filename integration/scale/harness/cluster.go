@@ -33,8 +33,16 @@ import (
 type Options struct {
 	N int
 	// PerHost is the allocations per host after fill (30; fewer when
-	// N x PerHost would pass 80% of Subnet's 65 536 addresses).
+	// N x PerHost would pass 80% of the pool's addresses).
 	PerHost int
+	// WidePool makes the pool Subnet and WideSubnet (98 304 addresses,
+	// 1 536 blocks of 64) instead of Subnet alone (65 536, 1 024 blocks):
+	// a pool sized as an operator sizes one for the cluster, with more
+	// blocks than hosts (Calico's default /16 of /26 blocks, 1 024 of
+	// them, is meant for fewer nodes). SCALE_POOL=wide|narrow; unset, the
+	// harness's test makes it wide above 512 hosts, where Subnet alone
+	// would be half claimed by the hosts' first blocks.
+	WidePool bool
 	// Members is the number of etcd members (3 for N >= 1000, else 1).
 	Members int
 	// Idle is the idle phase's length; Churn the churn phase's, at
@@ -82,7 +90,11 @@ type Options struct {
 func (o Options) Defaults() Options {
 	if o.PerHost == 0 {
 		o.PerHost = 30
-		if max := 52428 / max(o.N+2, 1); o.PerHost > max {
+		addrs := 65536
+		if o.WidePool {
+			addrs += 32768
+		}
+		if max := addrs * 8 / 10 / max(o.N+2, 1); o.PerHost > max {
 			o.PerHost = max
 		}
 	}
@@ -456,7 +468,7 @@ func (c *Cluster) ProbeADDs(ctx context.Context, h *Host, k int) (float64, error
 	conf, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": Network, "type": "bridge",
 		"ipam": map[string]any{"type": "ipam-ring", "host": h.Name, "timeout": "60s",
 			"store":  map[string]any{"type": "etcd", "endpoints": cfg.Endpoints, "prefix": c.Prefix},
-			"ranges": [][]map[string]string{{{"subnet": Subnet}}}}})
+			"ranges": poolRanges(c.opt.WidePool)}})
 	add := func() error {
 		ctr := h.newContainer()
 		req := agentapi.NewRequest(agentapi.PluginIPAM, "ADD", &skel.CmdArgs{ContainerID: ctr, Netns: "/var/run/netns/" + ctr, IfName: "eth0", StdinData: conf}, time.Minute)

@@ -23,15 +23,29 @@ import (
 )
 
 // Network is the CNI network every simulated container is attached to;
-// Subnet its pool (the test range; see Options.PerHost for its limit).
+// Subnet its pool (the test range; see Options.PerHost for its limit), and
+// WideSubnet the second range of a wide pool (Options.WidePool). The
+// hosts' own addresses lie in 198.19.128.0/17, outside both.
 const (
-	Network = "scale"
-	Subnet  = "198.18.0.0/16"
+	Network    = "scale"
+	Subnet     = "198.18.0.0/16"
+	WideSubnet = "198.19.0.0/17"
 )
+
+// poolRanges is the "ranges" of the network's IPAM configuration: one
+// range set, of Subnet alone (1 024 blocks of 64) or, wide, of Subnet and
+// WideSubnet (1 536 blocks).
+func poolRanges(wide bool) [][]map[string]string {
+	rs := []map[string]string{{"subnet": Subnet}}
+	if wide {
+		rs = append(rs, map[string]string{"subnet": WideSubnet})
+	}
+	return [][]map[string]string{rs}
+}
 
 // router is a fake routing table: it records what the agent installs.
 type router struct {
-	onLink  []netip.Prefix // the host's own network (198.19.0.0/16)
+	onLink  []netip.Prefix // the hosts' network (198.19.128.0/17)
 	mu      sync.Mutex
 	last    []routes.Route
 	applies int
@@ -91,6 +105,8 @@ type Host struct {
 	// Hollow: its agent runs without --routes and --ingress
 	// (Options.Full).
 	Hollow bool
+	// wide: the network's pool is wide (Options.WidePool).
+	wide   bool
 	cfg    agent.Config
 	rt     *router
 	fwd    *forwarder
@@ -107,9 +123,10 @@ type Host struct {
 	table string
 }
 
-// hostAddr is host i's --addr: 198.19.0.0/16 (outside the pool).
+// hostAddr is host i's --addr: in 198.19.128.0/17 (outside the pool,
+// wide or not; 32 768 hosts).
 func hostAddr(i int) string {
-	return netip.AddrFrom4([4]byte{198, 19, byte(i >> 8), byte(i)}).String()
+	return netip.AddrFrom4([4]byte{198, 19, 128 | byte(i>>8), byte(i)}).String()
 }
 
 // newHost prepares host i (not started). Its socket and DEL queue live
@@ -120,7 +137,7 @@ func (c *Cluster) newHost(i int, proxied bool) (*Host, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	h := &Host{Name: name, Addr: hostAddr(i), rt: &router{onLink: []netip.Prefix{netip.PrefixFrom(netip.MustParseAddr(hostAddr(i)), 16)}}, fwd: &forwarder{}, Containers: map[string]netip.Addr{}}
+	h := &Host{Name: name, Addr: hostAddr(i), rt: &router{onLink: []netip.Prefix{netip.PrefixFrom(netip.MustParseAddr(hostAddr(i)), 17).Masked()}}, fwd: &forwarder{}, Containers: map[string]netip.Addr{}, wide: c.opt.WidePool}
 	eps := c.Endpoints
 	if proxied {
 		eps = nil
@@ -215,7 +232,7 @@ func (h *Host) storeJSON() map[string]any {
 func (h *Host) ipamConf() []byte {
 	b, _ := json.Marshal(map[string]any{"cniVersion": "1.1.0", "name": Network, "type": "bridge",
 		"ipam": map[string]any{"type": "ipam-ring", "host": h.Name, "store": h.storeJSON(), "timeout": "30s",
-			"ranges": [][]map[string]string{{{"subnet": Subnet}}}}})
+			"ranges": poolRanges(h.wide)}})
 	return b
 }
 

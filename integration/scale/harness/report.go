@@ -59,6 +59,11 @@ func PrintTable(w io.Writer, r Result) {
 	if r.Full > 0 {
 		fmt.Fprintf(w, "   %d hosts with the whole agent, %d hollow (no --routes, no --ingress: no copies of the rings, hosts and ports)\n", r.Full, r.N-r.Full)
 	}
+	if r.WidePool {
+		fmt.Fprintf(w, "   pool %s and %s: 1 536 blocks of 64 (SCALE_POOL)\n", Subnet, WideSubnet)
+	} else {
+		fmt.Fprintf(w, "   pool %s: 1 024 blocks of 64 (SCALE_POOL)\n", Subnet)
+	}
 	fmt.Fprintf(w, "%-9s %6s %7s %10s %9s %10s %12s %12s %9s %9s %8s  %s\n", "phase", "hosts", "secs",
 		"req/host", "ka/host", "watch/host", "sent B/host", "recv B/host", "events", "proposals", "cpu/host", "requests by method (cluster)")
 	for _, p := range r.Phases {

@@ -34,8 +34,10 @@ type Result struct {
 	PerHost int    `json:"perHost"`
 	// Full is how many of the N hosts ran the whole agent (Options.Full;
 	// 0: all of them).
-	Full   int     `json:"full,omitempty"`
-	Phases []Phase `json:"phases"`
+	Full int `json:"full,omitempty"`
+	// WidePool: the pool was Subnet and WideSubnet (Options.WidePool).
+	WidePool bool    `json:"widePool,omitempty"`
+	Phases   []Phase `json:"phases"`
 	// Start: all N first ADDs at once.
 	StartFailed int      `json:"startFailed"`
 	StartErrors []string `json:"startErrors,omitempty"`
@@ -155,6 +157,7 @@ func Scale(c *Cluster, label string) (Result, error) {
 	if opt.Full > 0 && opt.Full < n {
 		r.Full = opt.Full
 	}
+	r.WidePool = opt.WidePool
 	ctx := context.Background()
 	probe := 0
 	leaver, orphan := n-1, n-2
