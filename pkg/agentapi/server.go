@@ -50,26 +50,66 @@ func noPlugin(name string) string { return fmt.Sprintf("this agent serves no plu
 // Listen creates the unix socket at path (mode 0600, its directory 0700 if
 // missing). A socket file nobody serves any more is replaced; one that
 // another process still serves is an error.
+//
+// The socket is bound and listening under a temporary name in the same
+// directory, made 0600, and only then renamed to path: a plugin that finds
+// path is answered (its connection waits in the backlog until the agent
+// serves), never refused by a socket bound but not yet listening, and the
+// socket is never reachable with a looser mode. Closing the listener
+// removes path, unless another socket has replaced it meanwhile (a new
+// agent's, during a rolling update).
 func Listen(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("agent socket %s: %w", path, err)
 	}
 	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
 		c.Close()
 		return nil, fmt.Errorf("agent socket %s: another process serves it", path)
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+	tmp := filepath.Join(dir, fmt.Sprintf(".%s.%d", filepath.Base(path), os.Getpid()))
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("agent socket %s: %w", path, err)
 	}
-	l, err := net.Listen("unix", path)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("agent socket %s: %w", path, err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	l.SetUnlinkOnClose(false)
+	fail := func(err error) (net.Listener, error) {
 		l.Close()
+		os.Remove(tmp)
 		return nil, fmt.Errorf("agent socket %s: %w", path, err)
 	}
-	return l, nil
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return fail(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fail(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fail(err)
+	}
+	return &socketListener{UnixListener: l, path: path, file: fi}, nil
+}
+
+// socketListener is Listen's listener: it reports and, on Close, removes
+// the socket's final path (if it is still its own socket).
+type socketListener struct {
+	*net.UnixListener
+	path string
+	file os.FileInfo
+}
+
+func (l *socketListener) Addr() net.Addr { return &net.UnixAddr{Name: l.path, Net: "unix"} }
+
+func (l *socketListener) Close() error {
+	err := l.UnixListener.Close()
+	if fi, serr := os.Stat(l.path); serr == nil && os.SameFile(fi, l.file) {
+		os.Remove(l.path)
+	}
+	return err
 }
 
 // Server serves the plugins' invocations on a listener. Set its fields

@@ -171,6 +171,56 @@ func TestListenModes(t *testing.T) {
 	}
 }
 
+// Listen's socket is listening as soon as its path exists (a dial before
+// anything serves waits in the backlog, it is not refused), no temporary
+// name is left beside it, and Close removes the path, but not a socket
+// that replaced it (a new agent's).
+func TestListenAppearsListening(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "agent.sock")
+	l, err := agentapi.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Addr().String(); got != path {
+		t.Errorf("Addr %q, want %q", got, path)
+	}
+	c, err := net.DialTimeout("unix", path, 5*time.Second)
+	if err != nil {
+		t.Fatalf("dial before Accept: %v", err)
+	}
+	c.Close()
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("directory holds %v, want the socket alone", ents)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("socket after Close: %v, want removed", err)
+	}
+
+	old, err := agentapi.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The next agent's socket replaces it while the old one still runs.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	next, err := agentapi.Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer next.Close()
+	old.Close()
+	c, err = net.DialTimeout("unix", path, 5*time.Second)
+	if err != nil {
+		t.Fatalf("the old listener's Close removed its replacement: %v", err)
+	}
+	c.Close()
+}
+
 // A plugin of another version: the agent answers with its own version and
 // an error naming both, without running anything (raw JSON: this package
 // speaks only Version).

@@ -137,7 +137,7 @@ func (c *Cluster) newHost(i int, proxied bool) (*Host, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	h := &Host{Name: name, Addr: hostAddr(i), rt: &router{onLink: []netip.Prefix{netip.PrefixFrom(netip.MustParseAddr(hostAddr(i)), 17).Masked()}}, fwd: &forwarder{}, Containers: map[string]netip.Addr{}, wide: c.opt.WidePool}
+	h := &Host{Name: name, Addr: hostAddr(i), rt: &router{onLink: []netip.Prefix{netip.PrefixFrom(netip.MustParseAddr(hostAddr(i)), 17)}}, fwd: &forwarder{}, Containers: map[string]netip.Addr{}, wide: c.opt.WidePool}
 	eps := c.Endpoints
 	if proxied {
 		eps = nil
