@@ -134,16 +134,18 @@ func Verdicts(rs []Result) []Verdict {
 			out = append(out, Verdict{Target: target, Limit: limit, Detail: fmt.Sprintf("not measured (N=%d and N=%d both needed)", a, b)})
 			return
 		}
-		// Hollow agents watch nothing: the watch figures of runs with
-		// other shares of full agents are not comparable.
-		if watches && fullShare(ra) != fullShare(rb) {
-			out = append(out, Verdict{Target: target, Limit: limit, Detail: fmt.Sprintf("not comparable: %s at N=%d, %s at N=%d (SCALE_FULL)",
-				fullOf(ra), a, fullOf(rb), b)})
-			return
-		}
 		fa, fb := f.Of(ra), f.Of(rb)
+		per := ""
+		// Hollow agents watch nothing, so an event's watch messages all
+		// go to the whole agents: between runs with other shares of
+		// whole agents, the figures compared are per whole agent (the
+		// figure per host divided by the share).
+		if watches && fullShare(ra) != fullShare(rb) {
+			fa, fb = fa/fullShare(ra), fb/fullShare(rb)
+			per = fmt.Sprintf(" per whole agent: %s at N=%d, %s at N=%d", fullOf(ra), a, fullOf(rb), b)
+		}
 		g := fb / max(fa, 1e-9)
-		out = append(out, Verdict{target, g, limit, g <= limit, fmt.Sprintf("x%.2f (%.1f at N=%d, %.1f at N=%d; limit x%.1f)", g, fa, a, fb, b, limit)})
+		out = append(out, Verdict{target, g, limit, g <= limit, fmt.Sprintf("x%.2f (%.1f at N=%d, %.1f at N=%d%s; limit x%.1f)", g, fa, a, fb, b, per, limit)})
 	}
 	for _, r := range rs {
 		le(fmt.Sprintf("41.2 idle requests per host per minute, N=%d", r.N), Figures[0].Of(r), 6, "requests")

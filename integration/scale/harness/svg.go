@@ -12,18 +12,22 @@ import (
 // The picture: per-host cost against N (log-log), one panel per figure,
 // before (dashed) and after (solid), with the target where there is one.
 
-// panels are the figures drawn, with their targets (0: none).
+// panels are the figures drawn, with their targets (0: none); perWhole:
+// drawn per whole agent (the figure per host divided by the run's share of
+// whole agents, as Verdicts compares watch messages: hollow agents watch
+// nothing).
 var panels = []struct {
-	key    string
-	title  string
-	target float64
+	key      string
+	title    string
+	target   float64
+	perWhole bool
 }{
-	{"idle_requests", "idle: etcd requests / host / min (keep-alives aside)", 6},
-	{"idle_bytes_sent", "idle: etcd bytes sent / host / min", 20000},
-	{"idle_watch_msgs", "idle: watch messages / host / min", 4},
-	{"add_bytes", "etcd bytes per steady-state ADD", 0},
-	{"ring_watch_msgs", "ring change: watch messages / host", 0},
-	{"start_last_s", "simultaneous start: s until the last first ADD", 0},
+	{"idle_requests", "idle: etcd requests / host / min (keep-alives aside)", 6, false},
+	{"idle_bytes_sent", "idle: etcd bytes sent / host / min", 20000, false},
+	{"idle_watch_msgs", "idle: watch messages / host / min", 4, false},
+	{"add_bytes", "etcd bytes per steady-state ADD", 0, false},
+	{"ring_watch_msgs", "ring change: watch messages / whole agent", 0, true},
+	{"start_last_s", "simultaneous start: s until the last first ADD", 0, false},
 }
 
 // svgLine is one report's line style.
@@ -78,6 +82,10 @@ func SVG(w io.Writer, before, after *Report) error {
 			continue
 		}
 		f := Figures[fi]
+		if p.perWhole {
+			of := f.Of
+			f.Of = func(r Result) float64 { return of(r) / fullShare(r) }
+		}
 		ox, oy := margin+float64(pi%cols)*(pw+margin), 80+float64(pi/cols)*(ph+70)
 		// y range over every value and the target.
 		lo, hi := math.Inf(1), math.Inf(-1)
