@@ -69,8 +69,10 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-// imageTimeout bounds scripts/build-image.sh (about 2 minutes: Debian
-// packages from the mirror, the static binaries).
+// imageTimeout bounds scripts/build-image.sh (about 2 minutes when it
+// makes the Debian base layer from the mirror; seconds more than the
+// static binaries' build when it reuses the one ./.cache/image keeps for a
+// day, as RollingUpdate's second image does).
 const imageTimeout = 10 * time.Minute
 
 // buildImage sets imageArchive and imageTag: bin/ringipam-image-<version>

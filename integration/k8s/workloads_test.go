@@ -441,8 +441,11 @@ func (c *cluster) agentAnswers() bool {
 // The first restart of a container is immediate and every later one waits
 // twice as long as the one before (10 s, 20 s, 40 s): the agent is killed
 // agentKills times, so that after the last kill kubelet holds it back for
-// 40 s, and the pods are created then. Every kill is one restart: the
-// restart count ends exactly agentKills above where it started.
+// 20 s, and the pods are created then (kubelet tries their sandboxes
+// within a second or two of their creation; the test fails, naming the
+// pod, if one was not refused while the agent was down). Every kill is
+// one restart: the restart count ends exactly agentKills above where it
+// started.
 func testAgentRestart(t *testing.T, c *cluster) {
 	ctx := context.Background()
 	agent, err := c.agentPod(ctx)
@@ -457,7 +460,7 @@ func testAgentRestart(t *testing.T, c *cluster) {
 		}
 		return -1
 	}
-	const agentKills = 4
+	const agentKills = 3
 	base := restarts(agent)
 	for kill := 1; kill <= agentKills; kill++ {
 		var pid int
@@ -479,7 +482,7 @@ func testAgentRestart(t *testing.T, c *cluster) {
 			})
 		}
 	}
-	// The agent is down for 40 s: create the pods now.
+	// The agent is down for 20 s: create the pods now.
 	const n = 3
 	for i := range n {
 		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("meanwhile-%d", i), Namespace: testNS, Labels: labels("meanwhile")}, Spec: podSpec()}
