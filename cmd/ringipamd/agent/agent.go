@@ -133,9 +133,11 @@ type Agent struct {
 	readopt  atomic.Bool
 	snapshot atomic.Pointer[Snapshot]
 	// leading: this agent is the elected leader (leader.go); figures are
-	// the pool-wide figures it computes (nil when not leading).
+	// the pool-wide figures it computes on demand (nil when not leading),
+	// one computation at a time (figMu).
 	leading         atomic.Bool
 	figures         atomic.Pointer[figures]
+	figMu           sync.Mutex
 	compactInterval time.Duration
 	apiWrap         func(net.Listener) net.Listener
 	// snapMu serialises the on-demand reads of the status page's

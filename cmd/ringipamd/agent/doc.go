@@ -115,7 +115,8 @@
 //     requests waiting for it). /metrics shows this host's own figures
 //     (its host state in each pool: its own keys, read at scrape time at
 //     most once per StatusRefresh) and, on the leader only, the pool-wide
-//     ones.
+//     ones (the hosts and every pool's host states, read the same way: at
+//     scrape time, at most once per StatusRefresh).
 //   - Every store operation runs under Timeout; failures are logged,
 //     counted in ringipam_store_errors_total and retried on the next tick.
 package agent

@@ -255,6 +255,55 @@ func TestOneLeaderSweepsAndCompacts(t *testing.T) {
 	t.Logf("%s leads after %s stopped", next.cfg.Host, leader.cfg.Host)
 }
 
+// TestLeaderFiguresOnDemand: the leader reads the pool-wide figures when
+// scraped, at most once per StatusRefresh, and not at all while nobody
+// scrapes it (it read them every StatusRefresh before, 4 reads an idle
+// host a minute in a 10-host cluster).
+func TestLeaderFiguresOnDemand(t *testing.T) {
+	e := newEtcdEnv(t)
+	cfg := e.config(t, "lead")
+	cfg.StatusRefresh = storeconfig.Duration(50 * time.Millisecond)
+	a := e.start(t, cfg)
+	waitCond(t, "leading", a.Leading)
+	time.Sleep(10 * time.Duration(cfg.StatusRefresh))
+	if f := a.figures.Load(); f != nil {
+		t.Fatalf("pool-wide figures read at %v with nobody scraping", f.taken)
+	}
+	// A scrape reads them: the hosts' gauge counts this one, up.
+	fams, err := a.metrics.registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := -1.0
+	for _, f := range fams {
+		if f.GetName() != "ringipam_hosts" {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "state" && l.GetValue() == "up" {
+					up = m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	if up != 1 {
+		t.Fatalf("ringipam_hosts{state=up} after a scrape of the leader: %v, want 1", up)
+	}
+	first := a.figures.Load()
+	if first == nil {
+		t.Fatal("no figures kept after a scrape")
+	}
+	// A second scrape within StatusRefresh reuses them; one after it reads anew.
+	if f := a.leaderFigures(); f != first && a.now().Sub(first.taken) < time.Duration(cfg.StatusRefresh) {
+		t.Errorf("figures read again within StatusRefresh")
+	}
+	time.Sleep(2 * time.Duration(cfg.StatusRefresh))
+	if f := a.leaderFigures(); f == first || f == nil {
+		t.Errorf("figures not read again after StatusRefresh: %v", f)
+	}
+}
+
 // TestReclaimedHostRecordsGoAfterRetention: the leader reclaims two
 // orphaned hosts; one of them comes back; after the retention the records
 // of the one still gone are removed, while those of the host that came

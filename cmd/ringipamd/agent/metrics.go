@@ -14,8 +14,8 @@ import (
 // This host's own figures come from its own keys (its host state in each
 // pool), read at scrape time at most once per StatusRefresh; the
 // pool-wide gauges (every pool, every host) only on the elected leader,
-// which computes them every StatusRefresh (leader.go); counters count what
-// this agent did.
+// which computes them at scrape time too, at most once per StatusRefresh
+// (leader.go); counters count what this agent did.
 type metrics struct {
 	registry  *prometheus.Registry
 	reclaims  prometheus.Counter
@@ -195,7 +195,7 @@ type ownFigures struct {
 // older than StatusRefresh (two reads of its own keys), the rest from
 // memory.
 func (a *Agent) metricsView() metricsView {
-	v := metricsView{leader: a.leading.Load(), figures: a.figures.Load(), liveness: a.held != nil && a.held()}
+	v := metricsView{leader: a.leading.Load(), figures: a.leaderFigures(), liveness: a.held != nil && a.held()}
 	a.mu.Lock()
 	v.orphaned, v.forwards = !a.orphaned.IsZero(), len(a.forwards)
 	a.mu.Unlock()
