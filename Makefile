@@ -99,13 +99,15 @@ model-check:
 # -count=1: the suites build the plugins, driver and agent they run, which
 # go test's result cache does not see, so a cached pass may not have run the
 # code being tested.
+# scripts/integration.sh runs the packages whose files the integration tag
+# changes, and of a package that also has untagged tests (unit ran those)
+# only the tests of its tagged files.
 # integration/k8s runs last, on its own (integration-k8s): it needs the
 # Kubernetes binaries, which may still be building when the others start.
 integration:
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/.testsummary ./internal/testsummary
-	$(GO) test -json -race -tags integration -count=1 -p 1 -timeout $(INTEGRATION_TIMEOUT) -skip '^TestModelCheck' \
-		$$($(GO) list -tags integration ./... | grep -v '/integration/k8s$$') | $(BIN)/.testsummary
+	GO=$(GO) scripts/integration.sh $(INTEGRATION_TIMEOUT) | $(BIN)/.testsummary
 
 K8S_TIMEOUT ?= 20m
 integration-k8s:
