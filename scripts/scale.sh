@@ -8,15 +8,16 @@
 # its own to scale-<label>.json; docs/scale-before.json, the before run
 # recorded in docs/benchmarks.md, is drawn when no before run was made).
 #
-#   SCALE_SIZES=10,100,1000   the sizes (default 10,100)
+#   SCALE_SIZES=10,100,1000   the sizes (default 10,100,1000: about 16 minutes here;
+#                             the commit of SCALE_BEFORE runs SCALE_BEFORE_SIZES, 10,100)
 #   SCALE_IDLE=60s            the idle phase
 #   SCALE_CHURN=20s SCALE_CHURN_RATE=10
 #   SCALE_ORPHAN_AFTER=20s    the agents' orphanAfter (the orphan phase)
-#   SCALE_MEMBERS=3           etcd members (default 3 from N=1000 or with SCALE_CHAOS, else 1)
+#   SCALE_MEMBERS=3           etcd members (default 3: every size alike)
 #   SCALE_CHAOS=1             the chaos phase (etcd leader killed, an agent cut off)
 #   SCALE_LEASE_TTL=60s       the agents' --lease-ttl (default the shipped 15s)
 #   SCALE_START=4             first ADDs at most 4 at a time (default: all at once)
-#   SCALE_FULL=50             the whole agent on 50 hosts, a hollow one (no --routes,
+#   SCALE_FULL=50             the whole agent on 50 hosts (default 100), a hollow one (no --routes,
 #                             no --ingress) on the others (default: the whole agent on all)
 #   SCALE_BEFORE=082f606      also run the harness on this commit, first
 #   SCALE_ONLY_BEFORE=1       run the commit only
@@ -36,7 +37,10 @@ run() {
 	local out=$root/scale-$label.json
 	echo "== scale harness on $label ($commit) in $dir"
 	(cd "$dir" && $GO test -c -tags scale -o "$dir/.scale.test" ./integration/scale/)
+	local sizes=${SCALE_SIZES:-10,100,1000}
+	[[ $label == before ]] && sizes=${SCALE_BEFORE_SIZES:-10,100}
 	(cd "$dir/integration/scale" && SCALE_LABEL=$label SCALE_COMMIT=$commit SCALE_OUT=$out \
+		SCALE_SIZES=$sizes SCALE_MEMBERS=${SCALE_MEMBERS:-3} SCALE_FULL=${SCALE_FULL:-100} \
 		nice -n 10 "$dir/.scale.test" -test.run '^TestScale$' -test.timeout "$timeout" -test.v) 2>&1 | tee "$root/scale-$label.out"
 	rm -f "$dir/.scale.test"
 }
