@@ -825,20 +825,30 @@ func (a *Agent) current(ctx context.Context) *Snapshot {
 		}
 		return nil
 	}
-	if s := fresh(); s != nil {
-		return s
+	return readShared(&a.snapMu, fresh, func() *Snapshot {
+		a.refreshSnapshot(ctx)
+		a.snapRead.Store(time.Now().UnixNano())
+		if s := a.snapshot.Load(); s != nil {
+			return s
+		}
+		return &Snapshot{Host: a.cfg.Host, Taken: a.now(), Problems: []string{"the store could not be read yet"}}
+	})
+}
+
+// readShared is the on-demand read of the status page, of this host's own
+// figures and of the leader's: fresh's value while it has one, else read's,
+// one read at a time under mu (callers that arrive meanwhile wait, then
+// find the new value fresh and share it).
+func readShared[T any](mu *sync.Mutex, fresh, read func() *T) *T {
+	if v := fresh(); v != nil {
+		return v
 	}
-	a.snapMu.Lock()
-	defer a.snapMu.Unlock()
-	if s := fresh(); s != nil {
-		return s
+	mu.Lock()
+	defer mu.Unlock()
+	if v := fresh(); v != nil {
+		return v
 	}
-	a.refreshSnapshot(ctx)
-	a.snapRead.Store(time.Now().UnixNano())
-	if s := a.snapshot.Load(); s != nil {
-		return s
-	}
-	return &Snapshot{Host: a.cfg.Host, Taken: a.now(), Problems: []string{"the store could not be read yet"}}
+	return read()
 }
 
 // handlers are the agent's handlers of both plugins, on its store, behind

@@ -185,22 +185,16 @@ func (a *Agent) leaderFigures() *figures {
 	if !a.leading.Load() {
 		return nil
 	}
-	if f := fresh(); f != nil {
-		return f
-	}
-	a.figMu.Lock()
-	defer a.figMu.Unlock()
-	if f := fresh(); f != nil {
-		return f
-	}
-	if a.leading.Load() {
-		a.refreshFigures(context.Background())
-	}
-	if !a.leading.Load() {
-		// Leadership ended meanwhile: lead's end cleared them, or will.
-		return nil
-	}
-	return a.figures.Load()
+	return readShared(&a.figMu, fresh, func() *figures {
+		if a.leading.Load() {
+			a.refreshFigures(context.Background())
+		}
+		if !a.leading.Load() {
+			// Leadership ended meanwhile: lead's end cleared them, or will.
+			return nil
+		}
+		return a.figures.Load()
+	})
 }
 
 // refreshFigures computes the pool-wide figures (the leader): the hosts

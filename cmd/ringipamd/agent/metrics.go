@@ -213,22 +213,16 @@ func (a *Agent) ownFigures() *ownFigures {
 		}
 		return nil
 	}
-	if o := fresh(); o != nil {
+	return readShared(&a.snapMu, fresh, func() *ownFigures {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(a.cfg.Timeout))
+		defer cancel()
+		use, err := a.alloc.OwnUsage(ctx)
+		if err != nil {
+			a.storeError("own-usage", err)
+			return a.own.Load()
+		}
+		o := &ownFigures{read: time.Now(), pools: use}
+		a.own.Store(o)
 		return o
-	}
-	a.snapMu.Lock()
-	defer a.snapMu.Unlock()
-	if o := fresh(); o != nil {
-		return o
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(a.cfg.Timeout))
-	defer cancel()
-	use, err := a.alloc.OwnUsage(ctx)
-	if err != nil {
-		a.storeError("own-usage", err)
-		return a.own.Load()
-	}
-	o := &ownFigures{read: time.Now(), pools: use}
-	a.own.Store(o)
-	return o
+	})
 }
